@@ -1,0 +1,52 @@
+# The two commands of the README, plus a few conveniences.
+#   make book   build the Jupyter Book (strict) and print where index.html is
+#   make test   lint, unit/property tests, strict nbval of every notebook, strict book build
+# Both create .venv on first use (Python 3.11+ and make are all a fresh machine needs).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+NBVAL  := --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env
+
+.PHONY: book test lint unit notebooks test-gpu bench-cpu bench-gpu clean venv
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "The book is at: file://$(CURDIR)/_build/html/index.html"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest $(NBVAL) notebooks/
+
+test: lint unit notebooks book
+	@echo "make test: all passed"
+
+# On a machine with an NVIDIA GPU and CuPy: GPU tests, strict nbval of the GPU chapter, benchmark.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -m gpu tests/
+	$(BIN)/python -m pytest $(NBVAL) notebooks/05_gpu_kernels.ipynb
+	$(BIN)/python -m flashref.bench gpu
+
+bench-cpu: $(STAMP)
+	$(BIN)/python -m flashref.bench cpu
+
+bench-gpu: $(STAMP)
+	$(BIN)/python -m flashref.bench gpu
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,44 @@
+"""Project-wide pytest hooks.
+
+GPU work is opt-in by hardware, never by hand: tests marked ``gpu`` and
+notebook cells tagged ``gpu`` run when CuPy can see a CUDA device and are
+skipped, with the reason printed (``pytest -ra``), everywhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+
+import pytest
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    """None if CuPy can see a CUDA GPU; otherwise why not, in words."""
+    try:
+        import cupy
+    except ImportError:
+        return "no GPU: CuPy is not installed (pip install 'flashref[cuda12]' or '[cuda13]')"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device, driver too old ...
+        return f"no GPU: CuPy cannot reach a CUDA device ({type(exc).__name__}: {exc})"
+    return None if count > 0 else "no GPU: CUDA reports 0 devices"
+
+
+def _is_gpu_notebook_cell(item) -> bool:
+    cell = getattr(item, "cell", None)  # nbval's IPyNbCell carries the notebook cell
+    return cell is not None and "gpu" in cell.get("metadata", {}).get("tags", [])
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_reason = None
+    nvcc_reason = None if shutil.which("nvcc") else "nvcc (the CUDA compiler) is not on PATH"
+    for item in items:
+        if item.get_closest_marker("gpu") or _is_gpu_notebook_cell(item):
+            gpu_reason = gpu_reason or gpu_unavailable_reason()
+            if gpu_reason:
+                item.add_marker(pytest.mark.skip(reason=f"cell/test needs a GPU; {gpu_reason}"))
+        if item.get_closest_marker("nvcc") and nvcc_reason:
+            item.add_marker(pytest.mark.skip(reason=nvcc_reason))

@@ -1,0 +1,32 @@
+"""flashref: FlashAttention from first principles, in small readable pieces.
+
+The CPU reference implementations every chapter of the book builds on:
+
+- softmax:    ``naive_softmax``, ``safe_softmax``, ``online_softmax``
+- state:      ``SoftmaxState`` (running m, l, O), ``merge_states``,
+              ``streaming_weighted_sum`` (the one-query worked example)
+- attention:  ``naive_attention``, ``tiled_attention`` (FlashAttention-2 loop
+              order), ``tiled_attention_kv_outer`` (Algorithm 1 loop order)
+
+GPU kernels live in ``flashref.gpu`` (needs CuPy and an NVIDIA GPU; imported
+only when asked for), exercise checkers in ``flashref.exercises``, benchmarks
+in ``python -m flashref.bench``.
+"""
+
+from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
+from .softmax import naive_softmax, online_softmax, safe_softmax
+from .state import SoftmaxState, merge_states, streaming_weighted_sum
+
+__all__ = [
+    "SoftmaxState",
+    "merge_states",
+    "naive_attention",
+    "naive_softmax",
+    "online_softmax",
+    "safe_softmax",
+    "streaming_weighted_sum",
+    "tiled_attention",
+    "tiled_attention_kv_outer",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,153 @@
+"""Attention in NumPy: the naive reference and tiled FlashAttention.
+
+Shapes (``...`` are batch/head dims, equal across q, k, v):
+    q (..., Nq, d)   k (..., Nk, d)   v (..., Nk, dv)   ->   O (..., Nq, dv)
+
+Conventions shared by every function here (and by ``flashref.gpu``):
+
+- ``scale`` defaults to ``1/sqrt(d)``; scores are ``S = scale * Q K^T``.
+- ``causal=True`` is aligned top-left, as in
+  ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: query
+  ``i`` sees keys ``j <= i``. (FlashAttention 2.1 and later align bottom-right
+  instead, query ``i`` seeing keys ``j <= i + Nk - Nq``; the two agree when
+  ``Nq == Nk``.)
+- ``mask`` is boolean, broadcastable to ``(..., Nq, Nk)``, True meaning "may
+  attend" (the SDPA convention). With ``causal`` too, both must allow a pair.
+- A query that may attend to no key (fully masked, or ``Nk == 0``) gets a zero
+  output and ``lse = -inf``: no NaN, no warning.
+- ``return_lse=True`` returns ``(O, lse)``; ``lse (..., Nq)`` is the natural-log
+  log-sum-exp of the scaled, masked scores, in the accumulation dtype.
+- float16, float32 and float64 inputs; float16/float32 accumulate in float32,
+  float64 in float64; ``O`` has the inputs' common dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import accumulation_dtype, check_block, check_mask, check_qkv, check_scale
+from .state import SoftmaxState
+
+
+def _prepare(q, k, v, scale, mask):
+    """Validate everything, then cast to the accumulation dtype and fold in the scale."""
+    q, k, v, out_dtype = check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
+    mask = check_mask(mask, q, k)
+    acc = accumulation_dtype(out_dtype)
+    Q = q.astype(acc) * acc.type(scale)  # (..., Nq, d): S = Q K^T needs no further scaling
+    return Q, k.astype(acc), v.astype(acc), mask, out_dtype
+
+
+def _allowed(mask, causal: bool, rows: range, cols: range):
+    """Boolean (..., Br, Bc) of pairs that may attend in one tile, or None if all may."""
+    allowed = None
+    if causal and cols.stop - 1 > rows.start:  # some key in the tile is after some query
+        allowed = np.arange(cols.start, cols.stop) <= np.arange(rows.start, rows.stop)[:, None]
+    if mask is not None:
+        tile = mask[..., rows.start : rows.stop, cols.start : cols.stop]
+        allowed = tile if allowed is None else allowed & tile
+    return allowed
+
+
+def _finish(state: SoftmaxState, out_dtype, return_lse: bool):
+    out = state.result().astype(out_dtype)
+    return (out, state.lse()) if return_lse else out
+
+
+def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False):
+    """Attention the textbook way: materialise S (..., Nq, Nk), softmax it, multiply by V.
+
+    Uses the max-subtracted (safe) softmax, so it does not overflow; its memory
+    grows with Nq * Nk, which is exactly what tiling removes. See the module
+    docstring for shapes, dtypes, the causal convention and masking.
+    """
+    Q, K, V, mask, out_dtype = _prepare(q, k, v, scale, mask)
+    Nq, Nk = Q.shape[-2], K.shape[-2]
+    S = Q @ np.swapaxes(K, -1, -2)  # (..., Nq, Nk)
+    allowed = _allowed(mask, causal, range(Nq), range(Nk))
+    if allowed is not None:
+        S = np.where(allowed, S, -np.inf)
+    state = SoftmaxState.from_scores(S, V)  # one "tile" holding every key
+    return _finish(state, out_dtype, return_lse)
+
+
+def tiled_attention(
+    q, k, v, *, block_q=64, block_k=64, scale=None, causal=False, mask=None, return_lse=False
+):
+    """FlashAttention's tiled forward pass in NumPy (FlashAttention-2 loop order).
+
+    The outer loop takes ``Br = block_q`` queries at a time; the inner loop
+    streams ``Bc = block_k`` keys and values past them, folding each score
+    tile ``S_ij (..., Br, Bc)`` into the running state (m, l, O) of the query
+    block. No ``(Nq, Nk)`` array is ever formed: extra memory grows with the
+    block sizes. With ``causal``, key tiles entirely after the query tile's
+    last row are skipped. ``Nq`` and ``Nk`` need not be multiples of the block
+    sizes. Conventions as in the module docstring.
+    """
+    Br = check_block(block_q, "block_q")
+    Bc = check_block(block_k, "block_k")
+    Q, K, V, mask, out_dtype = _prepare(q, k, v, scale, mask)
+    Nq, Nk, dv = Q.shape[-2], K.shape[-2], V.shape[-1]
+    batch = Q.shape[:-2]
+    O = np.empty(batch + (Nq, dv), dtype=Q.dtype)  # (..., Nq, dv)
+    lse = np.empty(batch + (Nq,), dtype=Q.dtype)  # (..., Nq)
+    for r0 in range(0, Nq, Br):  # Tr query tiles
+        rows = range(r0, min(r0 + Br, Nq))
+        Qi = Q[..., rows.start : rows.stop, :]  # (..., Br, d)
+        state = SoftmaxState.empty(batch + (len(rows),), dv, Q.dtype)
+        k_end = min(Nk, rows.stop) if causal else Nk  # later key tiles are fully masked
+        for c0 in range(0, k_end, Bc):  # Tc key tiles
+            cols = range(c0, min(c0 + Bc, k_end))
+            Kj = K[..., cols.start : cols.stop, :]  # (..., Bc, d)
+            Vj = V[..., cols.start : cols.stop, :]  # (..., Bc, dv)
+            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
+            allowed = _allowed(mask, causal, rows, cols)
+            if allowed is not None:
+                S = np.where(allowed, S, -np.inf)
+            state = state.update(S, Vj)
+        O[..., rows.start : rows.stop, :] = state.result()
+        lse[..., rows.start : rows.stop] = state.lse()
+    O = O.astype(out_dtype, copy=False)
+    return (O, lse) if return_lse else O
+
+
+def tiled_attention_kv_outer(
+    q, k, v, *, block_q=64, block_k=64, scale=None, causal=False, mask=None, return_lse=False
+):
+    """The same computation in the loop order of FlashAttention's Algorithm 1.
+
+    The outer loop loads one key/value tile ``K_j, V_j``; the inner loop
+    streams every query tile past it, updating that query tile's running
+    state, which Algorithm 1 keeps in HBM between visits. The result equals
+    ``tiled_attention``'s up to rounding; only the order of work differs.
+    FlashAttention-2 swapped the loops (queries outer) so that each query
+    tile's state stays on chip and query tiles run in parallel.
+    """
+    Br = check_block(block_q, "block_q")
+    Bc = check_block(block_k, "block_k")
+    Q, K, V, mask, out_dtype = _prepare(q, k, v, scale, mask)
+    Nq, Nk, dv = Q.shape[-2], K.shape[-2], V.shape[-1]
+    batch = Q.shape[:-2]
+    row_tiles = [range(r0, min(r0 + Br, Nq)) for r0 in range(0, Nq, Br)]
+    states = [SoftmaxState.empty(batch + (len(rows),), dv, Q.dtype) for rows in row_tiles]
+    for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
+        cols = range(c0, min(c0 + Bc, Nk))
+        Kj = K[..., cols.start : cols.stop, :]  # (..., Bc, d)
+        Vj = V[..., cols.start : cols.stop, :]  # (..., Bc, dv)
+        for i, rows in enumerate(row_tiles):  # inner: Tr query tiles
+            if causal and cols.start > rows.stop - 1:
+                continue  # every key in this tile is after every query: fully masked
+            S = Q[..., rows.start : rows.stop, :] @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
+            allowed = _allowed(mask, causal, rows, cols)
+            if allowed is not None:
+                S = np.where(allowed, S, -np.inf)
+            states[i] = states[i].update(S, Vj)
+    O = np.concatenate([s.result() for s in states], axis=-2) if states else (
+        np.zeros(batch + (0, dv), dtype=Q.dtype)
+    )
+    lse = np.concatenate([s.lse() for s in states], axis=-1) if states else (
+        np.zeros(batch + (0,), dtype=Q.dtype)
+    )
+    O = O.astype(out_dtype, copy=False)
+    return (O, lse) if return_lse else O

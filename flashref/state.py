@@ -1,0 +1,149 @@
+"""Running softmax statistics: the state that makes streaming exact.
+
+After seeing some of a row's scores, everything the softmax still needs about
+them fits in three numbers per row (names from the FlashAttention paper):
+
+- ``m``: the largest score seen so far;
+- ``l``: the sum of ``exp(score - m)`` over the scores seen so far;
+- ``o``: for attention, the unnormalised output ``sum(exp(score - m) * value)``
+  (a vector of length ``dv`` per row); ``None`` when only the softmax is wanted.
+
+``l`` and ``o`` are always expressed on the scale of the current ``m``. When a
+larger maximum arrives, the old sums are multiplied by the correction factor
+``exp(m_old - m_new)`` so that every term ends up on one common scale; the
+final answer is ``o / l`` and the log-sum-exp is ``m + log(l)``.
+
+``SoftmaxState.update`` folds one new block of scores into a state (the loop
+body of the online softmax and of FlashAttention). ``merge_states`` combines
+two partial states computed independently, for example over two halves of the
+keys; merging is exact, commutative, and associative up to rounding, which is
+why the order and grouping of tiles do not matter (split-KV decoding relies on
+this).
+
+A row that has seen no scores, or only ``-inf`` (fully masked) scores, has
+``m = -inf`` and ``l = 0``. Its result is zeros and ``lse = -inf``, produced
+without NaN and without warnings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_float_array, check_block
+
+
+def _reference(m: np.ndarray) -> np.ndarray:
+    """The shift to subtract: ``m`` itself, except 0 where ``m = -inf``.
+
+    With nothing seen yet (``m = -inf``), ``x - m`` would be ``-inf - -inf = NaN``.
+    Shifting by 0 instead gives ``exp(-inf) = 0``: an empty row contributes nothing.
+    """
+    return np.where(np.isneginf(m), 0.0, m).astype(m.dtype)
+
+
+@dataclass(frozen=True)
+class SoftmaxState:
+    """Running statistics of a streaming softmax over the last axis.
+
+    Attributes (``...`` are any leading dims, one row per index):
+        m: ``(...)`` running maximum.
+        l: ``(...)`` running sum of ``exp(s - m)``.
+        o: ``(..., dv)`` running unnormalised output ``sum(exp(s - m) v)``, or None.
+    """
+
+    m: np.ndarray  # (...)
+    l: np.ndarray  # (...)
+    o: np.ndarray | None = None  # (..., dv)
+
+    @classmethod
+    def empty(cls, shape, dv: int | None = None, dtype=np.float64) -> SoftmaxState:
+        """The state before any score is seen: ``m = -inf``, ``l = 0``, ``o = 0``."""
+        shape = tuple(shape)
+        m = np.full(shape, -np.inf, dtype=dtype)
+        l = np.zeros(shape, dtype=dtype)
+        o = None if dv is None else np.zeros(shape + (dv,), dtype=dtype)
+        return cls(m, l, o)
+
+    @classmethod
+    def from_scores(cls, s: np.ndarray, v: np.ndarray | None = None) -> SoftmaxState:
+        """The state of one block on its own: scores ``s (..., Bc)``, values ``v (..., Bc, dv)``."""
+        dv = None if v is None else v.shape[-1]
+        return cls.empty(s.shape[:-1], dv, s.dtype).update(s, v)
+
+    def update(self, s: np.ndarray, v: np.ndarray | None = None) -> SoftmaxState:
+        """Fold in one block of scores ``s (..., Bc)`` (and values ``v (..., Bc, dv)``).
+
+        The rule of the online softmax: take the new maximum, rescale the old
+        sums by ``exp(m_old - m_new)``, add the new block's exponentials on the
+        new scale. Masked scores are ``-inf`` and contribute exactly zero.
+        """
+        if (v is None) != (self.o is None):
+            raise ValueError("v must be given exactly when the state tracks an output o")
+        m_new = np.maximum(self.m, s.max(axis=-1, initial=-np.inf))  # (...)
+        shift = _reference(m_new)
+        alpha = np.exp(self.m - shift)  # (...) correction factor, <= 1
+        p = np.exp(s - shift[..., None])  # (..., Bc) unnormalised weights
+        l_new = self.l * alpha + p.sum(axis=-1)
+        o_new = None if v is None else self.o * alpha[..., None] + p @ v  # (..., dv)
+        return SoftmaxState(m_new, l_new, o_new)
+
+    def lse(self) -> np.ndarray:
+        """Natural log-sum-exp of everything seen: ``m + log(l)``, ``-inf`` for empty rows."""
+        out = np.full(self.l.shape, -np.inf, dtype=self.l.dtype)
+        np.log(self.l, out=out, where=self.l > 0)
+        return out + _reference(self.m)
+
+    def result(self) -> np.ndarray:
+        """The normalised output ``o / l`` (``(..., dv)``); zeros for empty rows."""
+        if self.o is None:
+            raise ValueError("this state tracks no output o; use lse() instead")
+        l = self.l[..., None]
+        return np.divide(self.o, l, out=np.zeros_like(self.o), where=l > 0)
+
+
+def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
+    """Combine two partial states over disjoint sets of scores, exactly.
+
+    Both are brought to the common maximum ``m = max(a.m, b.m)``:
+    ``l = a.l * exp(a.m - m) + b.l * exp(b.m - m)`` and likewise for ``o``.
+    The result does not depend on the order of ``a`` and ``b``, and merging
+    is associative up to floating-point rounding.
+    """
+    if (a.o is None) != (b.o is None):
+        raise ValueError("cannot merge a state that tracks an output o with one that does not")
+    if a.m.shape != b.m.shape:
+        raise ValueError(f"states have different row shapes: a {a.m.shape}, b {b.m.shape}")
+    m = np.maximum(a.m, b.m)
+    shift = _reference(m)
+    alpha_a = np.exp(a.m - shift)
+    alpha_b = np.exp(b.m - shift)
+    l = a.l * alpha_a + b.l * alpha_b
+    o = None if a.o is None else a.o * alpha_a[..., None] + b.o * alpha_b[..., None]
+    return SoftmaxState(m, l, o)
+
+
+def streaming_weighted_sum(scores, values, tile_size: int) -> float:
+    """Softmax-weighted sum of scalar ``values`` for one query, streamed in tiles.
+
+    ``scores`` and ``values`` are 1-D of equal length N. Computes
+    ``sum(softmax(scores) * values)`` visiting ``tile_size`` scores at a time and
+    keeping only the running state (m, l, o) between tiles, so scores like
+    ``1000 + log(i)`` never overflow. Returns a Python float (float64 arithmetic).
+    """
+    scores = as_float_array(scores, "scores")
+    values = as_float_array(values, "values")
+    tile_size = check_block(tile_size, "tile_size")
+    if scores.ndim != 1 or values.shape != scores.shape:
+        raise ValueError(
+            f"scores and values must be 1-D of equal length; got scores {scores.shape}, "
+            f"values {values.shape}"
+        )
+    scores = scores.astype(np.float64)
+    values = values.astype(np.float64)[:, None]  # (N, 1): scalar values as 1-vectors
+    state = SoftmaxState.empty((), dv=1)
+    for start in range(0, len(scores), tile_size):
+        tile = slice(start, start + tile_size)
+        state = state.update(scores[tile], values[tile])
+    return float(state.result()[0])
