@@ -18,9 +18,7 @@ def as_float_array(x, name: str) -> np.ndarray:
     """Return ``x`` as an ndarray, raising TypeError unless it holds float16/32/64."""
     arr = np.asarray(x)
     if arr.dtype not in FLOAT_DTYPES:
-        raise TypeError(
-            f"{name} has dtype {arr.dtype}; expected float16, float32 or float64"
-        )
+        raise TypeError(f"{name} has dtype {arr.dtype}; expected float16, float32 or float64")
     return arr
 
 
@@ -76,8 +74,7 @@ def check_qkv(q, k, v):
         )
     if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
         raise ValueError(
-            "leading (batch/head) dimensions must be equal: "
-            f"q {q.shape}, k {k.shape}, v {v.shape}"
+            f"leading (batch/head) dimensions must be equal: q {q.shape}, k {k.shape}, v {v.shape}"
         )
     if q.shape[-1] < 1:
         raise ValueError(f"q has shape {q.shape}; the head dim d must be >= 1")

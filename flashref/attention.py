@@ -143,11 +143,15 @@ def tiled_attention_kv_outer(
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             states[i] = states[i].update(S, Vj)
-    O = np.concatenate([s.result() for s in states], axis=-2) if states else (
-        np.zeros(batch + (0, dv), dtype=Q.dtype)
+    O = (
+        np.concatenate([s.result() for s in states], axis=-2)
+        if states
+        else (np.zeros(batch + (0, dv), dtype=Q.dtype))
     )
-    lse = np.concatenate([s.lse() for s in states], axis=-1) if states else (
-        np.zeros(batch + (0,), dtype=Q.dtype)
+    lse = (
+        np.concatenate([s.lse() for s in states], axis=-1)
+        if states
+        else (np.zeros(batch + (0,), dtype=Q.dtype))
     )
     O = O.astype(out_dtype, copy=False)
     return (O, lse) if return_lse else O
