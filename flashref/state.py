@@ -68,12 +68,17 @@ class SoftmaxState:
 
     @classmethod
     def from_scores(cls, s: np.ndarray, v: np.ndarray | None = None) -> SoftmaxState:
-        """The state of one block on its own: scores ``s (..., Bc)``, values ``v (..., Bc, dv)``."""
+        """The state of one block on its own; shapes of ``s`` and ``v`` as in ``update``."""
         dv = None if v is None else v.shape[-1]
         return cls.empty(s.shape[:-1], dv, s.dtype).update(s, v)
 
     def update(self, s: np.ndarray, v: np.ndarray | None = None) -> SoftmaxState:
-        """Fold in one block of scores ``s (..., Bc)`` (and values ``v (..., Bc, dv)``).
+        """Fold in one block of scores ``s (..., Br, Bc)`` (and values ``v (..., Bc, dv)``).
+
+        ``s`` has one row of ``Bc`` scores per row of the state. The ``Br`` rows
+        of a tile share one block of values, as the queries of a tile share its
+        keys and values, so the new output is the matrix product ``P @ V``: for
+        one query (a state with no row axes) ``s`` is ``(Bc,)`` and ``v (Bc, dv)``.
 
         The rule of the online softmax: take the new maximum, rescale the old
         sums by ``exp(m_old - m_new)``, add the new block's exponentials on the
@@ -81,6 +86,13 @@ class SoftmaxState:
         """
         if (v is None) != (self.o is None):
             raise ValueError("v must be given exactly when the state tracks an output o")
+        if s.shape[:-1] != self.m.shape:
+            raise ValueError(f"s has shape {s.shape}; expected {self.m.shape} + (Bc,)")
+        if v is not None and v.shape != s.shape[:-2] + s.shape[-1:] + self.o.shape[-1:]:
+            raise ValueError(
+                f"v has shape {v.shape}; expected {s.shape[:-2] + s.shape[-1:] + self.o.shape[-1:]}"
+                f" (..., Bc, dv) for s {s.shape}: the rows of s share one block of values"
+            )
         m_new = np.maximum(self.m, s.max(axis=-1, initial=-np.inf))  # (...)
         shift = _reference(m_new)
         alpha = np.exp(self.m - shift)  # (...) correction factor, <= 1
@@ -92,7 +104,7 @@ class SoftmaxState:
     def lse(self) -> np.ndarray:
         """Natural log-sum-exp of everything seen: ``m + log(l)``, ``-inf`` for empty rows."""
         out = np.full(self.l.shape, -np.inf, dtype=self.l.dtype)
-        np.log(self.l, out=out, where=self.l > 0)
+        np.log(self.l, out=out, where=self.l != 0)  # l = 0 only for empty rows; NaN stays NaN
         return out + _reference(self.m)
 
     def result(self) -> np.ndarray:
@@ -100,7 +112,8 @@ class SoftmaxState:
         if self.o is None:
             raise ValueError("this state tracks no output o; use lse() instead")
         l = self.l[..., None]
-        return np.divide(self.o, l, out=np.zeros_like(self.o), where=l > 0)
+        # l = 0 only for rows that saw nothing; a NaN l (NaN input) must propagate, not become 0
+        return np.divide(self.o, l, out=np.zeros_like(self.o), where=l != 0)
 
 
 def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:

@@ -23,6 +23,7 @@ _CHECKERS = {
     "check_online_softmax": "softmax",
     "check_merge_states": "softmax",
     "check_streaming_weighted_sum": "softmax",
+    "check_safe_softmax": "softmax",
     "check_one_query_attention": "attention",
     "check_tiled_attention": "attention",
 }
