@@ -35,8 +35,10 @@ def _prepare(q, k, v, scale, mask):
     scale = check_scale(scale, q.shape[-1])
     mask = check_mask(mask, q, k)
     acc = accumulation_dtype(out_dtype)
-    Q = q.astype(acc) * acc.type(scale)  # (..., Nq, d): S = Q K^T needs no further scaling
-    return Q, k.astype(acc), v.astype(acc), mask, out_dtype
+    # copy=False: inputs already in the accumulation dtype are used as they are, not copied
+    # (nothing below writes to K or V; Q is a new array because of the scaling).
+    Q = q.astype(acc, copy=False) * acc.type(scale)  # (..., Nq, d): S = Q K^T, no more scaling
+    return Q, k.astype(acc, copy=False), v.astype(acc, copy=False), mask, out_dtype
 
 
 def _allowed(mask, causal: bool, rows: range, cols: range):
