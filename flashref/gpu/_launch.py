@@ -1,0 +1,81 @@
+"""Compiling the .cu files with NVRTC (through CuPy) and launching them.
+
+Imported only after ``flashref.gpu`` has checked that CuPy and a GPU are there.
+Each (version, head dim, device) is compiled once per process, with
+``-DHEAD_DIM=d`` so that every loop over d has a compile-time trip count; CuPy
+also keeps the resulting cubin in its on-disk cache (``~/.cupy/kernel_cache``,
+or ``$CUPY_CACHE_DIR``), so a later process skips NVRTC but still loads the module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds -arch=sm_XY for the current device
+MAX_GRID_Y = 65535  # blockIdx.y runs over batch*heads
+DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
+
+_functions: dict[tuple[int, int, int], cp.RawKernel] = {}
+
+
+def get_function(ver, d: int):
+    """The compiled kernel of version ``ver`` for head dim ``d`` on the current device."""
+    key = (ver.number, d, cp.cuda.Device().id)
+    fn = _functions.get(key)
+    if fn is None:
+        module = cp.RawModule(
+            code=ver.path.read_text(), options=(*NVRTC_OPTIONS, f"-DHEAD_DIM={d}")
+        )
+        fn = module.get_function(ver.kernel)
+        smem = ver.smem_bytes(d)
+        if smem > DEFAULT_SMEM:
+            fn.max_dynamic_shared_size_bytes = smem
+        _functions[key] = fn
+    return fn
+
+
+def _as_kernel_input(x, shape):
+    """C-contiguous, 16-byte aligned (for the 16-byte loads), reshaped to (B*H, N, d)."""
+    x = cp.ascontiguousarray(x)
+    if x.data.ptr % 16:
+        x = x.copy()
+    return x.reshape(shape)
+
+
+def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
+    """Run version ``ver`` on checked inputs, writing ``O (..., Nq, d)`` and ``lse (..., Nq)``.
+
+    ``O`` and ``lse`` must be C-contiguous with q's leading dims; every element is
+    written (tests fill them with NaN first to check that).
+    """
+    *lead, Nq, d = q.shape
+    Nk = k.shape[-2]
+    BH = math.prod(lead)
+    if BH == 0 or Nq == 0:
+        return
+    if Nk == 0:  # no key to attend to: zeros, lse = -inf (no kernel launch)
+        O.fill(0)
+        lse.fill(-np.inf)
+        return
+    q3 = _as_kernel_input(q, (BH, Nq, d))  # (B*H, Nq, d)
+    k3 = _as_kernel_input(k, (BH, Nk, d))  # (B*H, Nk, d)
+    v3 = _as_kernel_input(v, (BH, Nk, d))  # (B*H, Nk, d)
+    if ver.dtype == "float16" and scale < 0:
+        q3, scale = -q3, -scale  # tensor-core kernels take the row max of raw scores: scale > 0
+    O3 = O.reshape(BH, Nq, d)  # views: O and lse are contiguous
+    lse2 = lse.reshape(BH, Nq)
+    fn = get_function(ver, d)
+    smem = ver.smem_bytes(d)
+    Tr = (Nq + ver.Br - 1) // ver.Br
+    for b0 in range(0, BH, MAX_GRID_Y):
+        b1 = min(BH, b0 + MAX_GRID_Y)
+        fn(
+            (Tr, b1 - b0),
+            (ver.threads,),
+            (q3[b0:b1], k3[b0:b1], v3[b0:b1], O3[b0:b1], lse2[b0:b1],
+             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal)),
+            shared_mem=smem,
+        )  # fmt: skip

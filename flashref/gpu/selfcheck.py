@@ -1,0 +1,79 @@
+"""Run every kernel version once and compare it with the float64 reference.
+
+    python -m flashref.gpu.selfcheck            # a few shapes, d = 64 and 128
+    python -m flashref.gpu.selfcheck --small    # one small ragged shape per case (for
+                                                # compute-sanitizer memcheck / racecheck)
+
+Prints one line per (version, d, causal) with the relative error
+||O - O_ref|| / ||O_ref|| and the largest |lse - lse_ref|, and exits with 1 if
+any output holds a NaN or an error is above 1e-2 (fp16) / 1e-4 (fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from flashref import naive_attention
+
+from . import VERSIONS, _require_gpu
+
+LIMIT = {"float16": 1e-2, "float32": 1e-4}  # loose: this is a smoke test; tests/ is strict
+
+
+def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0):
+    """Relative error of O and max abs error of lse for one version and shape."""
+    cp = _require_gpu()
+    from ._launch import launch  # imports CuPy
+
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((*shape_q, d)).astype(ver.dtype)
+    k = rng.standard_normal((*shape_k, d)).astype(ver.dtype)
+    v = rng.standard_normal((*shape_k, d)).astype(ver.dtype)
+    ref, ref_lse = naive_attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+        causal=causal, return_lse=True,
+    )  # fmt: skip
+    O = cp.full((*shape_q, d), np.nan, dtype=ver.dtype)  # poisoned: unwritten elements show
+    lse = cp.full(shape_q, np.nan, dtype=cp.float32)
+    launch(ver, cp.asarray(q), cp.asarray(k), cp.asarray(v), O, lse,
+           causal=causal, scale=1.0 / np.sqrt(d))  # fmt: skip
+    out = cp.asnumpy(O).astype(np.float64)
+    got_lse = cp.asnumpy(lse).astype(np.float64)
+    if np.isnan(out).any() or np.isnan(got_lse).any():
+        return float("nan"), float("nan")
+    rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    lse_err = float(np.max(np.abs(got_lse - ref_lse)))
+    return rel, lse_err
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashref.gpu.selfcheck")
+    parser.add_argument("--small", action="store_true", help="one small ragged shape per case")
+    args = parser.parse_args(argv)
+    cp = _require_gpu()
+    print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+    shapes = [((2, 70), (2, 100))] if args.small else [((2, 3, 70), (2, 3, 100)),
+                                                       ((1, 2, 257), (1, 2, 257))]  # fmt: skip
+    failed = 0
+    for ver in VERSIONS.values():
+        for d in (64, 128):
+            for causal in (False, True):
+                for shape_q, shape_k in shapes:
+                    rel, lse_err = check(ver, d, causal, shape_q, shape_k)
+                    ok = rel <= LIMIT[ver.dtype] and lse_err <= 10 * LIMIT[ver.dtype]
+                    failed += not ok
+                    print(
+                        f"v{ver.number} {ver.dtype:7s} d={d:3d} causal={causal!s:5s} "
+                        f"q{shape_q} k{shape_k}: rel err {rel:.2e}, lse err {lse_err:.2e}"
+                        f"{'' if ok else '  FAIL'}"
+                    )
+    cp.cuda.runtime.deviceSynchronize()
+    print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Every kernel version of flashref.gpu against a float64 reference (needs a GPU).
+
+The ground truth is ``flashref.naive_attention`` on the host in float64, fed the
+very same (fp16- or fp32-rounded) inputs the kernel sees. The tolerance follows
+FlashAttention's rule: a kernel's error may be at most about twice the error of
+the naive algorithm run in the kernel's own precision (matmul, softmax, matmul
+on the GPU in fp16 or fp32), measured here on the same inputs, plus a small
+floor for inputs where that naive error happens to be exactly zero, and never
+above an absolute ceiling per dtype (see ``FLOOR`` and ``CEILING``).
+
+Every launch writes into buffers filled with NaN, so an element the kernel
+forgets to write fails the comparison (NaN never passes).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import numpy as np
+import pytest
+
+from flashref import naive_attention
+
+pytestmark = pytest.mark.gpu
+
+# Floors: where naive and kernel both happen to be (nearly) exact, e.g. Nk = 1, the 2x rule
+# degenerates to 0; the floor is a few units of the output's rounding.
+#  fp16 output: each element is rounded once to fp16 (relative 2^-11 ~ 4.9e-4); 1e-3 is two such.
+#  fp32 output: __expf's error grows with |x| (2 + 1.2|x| ulp); for the scores that carry the
+#  weight, |x| <= ~10 gives <= 14 ulp ~ 1.7e-6 relative, so 2e-6.
+FLOOR = {"float16": 1e-3, "float32": 2e-6}
+# Ceilings: whatever the naive error, the kernel must stay under these. fp16: inputs to the
+# second product (P) are rounded to fp16 (2^-11) and so is O: ~1e-3 typical; 4e-3 leaves room
+# for long rows. fp32: the fp32 arithmetic lands far under 1e-5.
+CEILING = {"float16": 4e-3, "float32": 1e-5}
+# lse: float32 log(l) + m from fp32 scores; |lse| ~ log(Nk) + max score <= ~15, whose fp32 ulp
+# is ~1e-6; scores are sums of d products (rounding ~ sqrt(d) ulp): 2e-5 (1 + |lse|) covers it.
+LSE_TOL = 2e-5
+
+# (leading dims, Nq, Nk): N = 1, primes, a block size + 1, Nq != Nk both ways, several batch dims
+SHAPES = [
+    ((1, 1), 1, 1),
+    ((2, 3), 17, 17),
+    ((1, 2), 1000, 1000),
+    ((1, 1), 4097, 4097),
+    ((2,), 100, 37),
+    ((3,), 37, 300),
+    ((2, 2, 2), 129, 65),
+]
+
+
+def _versions():
+    from flashref.gpu import VERSIONS
+
+    return list(VERSIONS.values())
+
+
+@pytest.fixture(scope="module")
+def cp():
+    from flashref.gpu import _require_gpu
+
+    return _require_gpu()
+
+
+@functools.cache
+def _case(dtype: str, lead, Nq, Nk, d, causal):
+    """Inputs (numpy, rounded to dtype), float64 reference (O, lse), seeded per case."""
+    seed = zlib.crc32(repr((dtype, lead, Nq, Nk, d, causal)).encode())  # stable across runs
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((*lead, Nq, d)).astype(dtype)
+    k = rng.standard_normal((*lead, Nk, d)).astype(dtype)
+    v = rng.standard_normal((*lead, Nk, d)).astype(dtype)
+    ref, ref_lse = naive_attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+        causal=causal, return_lse=True,
+    )  # fmt: skip
+    return q, k, v, ref, ref_lse
+
+
+def _naive_same_precision(cp, q, k, v, causal):
+    """matmul, softmax, matmul entirely in q's dtype on the GPU (the 2x baseline)."""
+    d, Nq, Nk = q.shape[-1], q.shape[-2], k.shape[-2]
+    S = (q @ cp.swapaxes(k, -1, -2)) * q.dtype.type(1.0 / np.sqrt(d))  # (..., Nq, Nk)
+    if causal:
+        S = cp.where(cp.arange(Nk)[None, :] <= cp.arange(Nq)[:, None], S, -cp.inf)
+    S = S - S.max(axis=-1, keepdims=True)
+    P = cp.exp(S)
+    P = P / P.sum(axis=-1, keepdims=True)
+    return P.astype(q.dtype) @ v  # (..., Nq, d)
+
+
+def _rel_err(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def _run(cp, ver, q, k, v, causal):
+    from flashref.gpu._launch import launch
+
+    O = cp.full(q.shape, np.nan, dtype=q.dtype)  # poisoned: an unwritten element stays NaN
+    lse = cp.full(q.shape[:-1], np.nan, dtype=cp.float32)
+    launch(ver, cp.asarray(q), cp.asarray(k), cp.asarray(v), O, lse,
+           causal=causal, scale=1.0 / np.sqrt(q.shape[-1]))  # fmt: skip
+    return O, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lead,Nq,Nk", SHAPES)
+@pytest.mark.parametrize("ver", _versions(), ids=lambda v: f"v{v.number}")
+def test_version_matches_float64(cp, ver, lead, Nq, Nk, d, causal):
+    q, k, v, ref, ref_lse = _case(ver.dtype, lead, Nq, Nk, d, causal)
+    O, lse = _run(cp, ver, q, k, v, causal)
+    out, got_lse = cp.asnumpy(O), cp.asnumpy(lse)
+    assert not np.isnan(out).any(), "O has NaN: some element was never written"
+    assert not np.isnan(got_lse).any(), "lse has NaN: some row was never written"
+    err = _rel_err(out, ref)
+    naive_err = _rel_err(
+        cp.asnumpy(_naive_same_precision(cp, cp.asarray(q), cp.asarray(k), cp.asarray(v), causal)),
+        ref,
+    )
+    tol = min(2 * naive_err + FLOOR[ver.dtype], CEILING[ver.dtype])
+    assert err <= tol, f"rel err {err:.3e} > {tol:.3e} (naive {ver.dtype}: {naive_err:.3e})"
+    lse_err = np.abs(got_lse.astype(np.float64) - ref_lse) / (1 + np.abs(ref_lse))
+    assert lse_err.max() <= LSE_TOL, f"lse rel err {lse_err.max():.3e}"
+
+
+@pytest.mark.parametrize("ver", _versions(), ids=lambda v: f"v{v.number}")
+def test_same_inputs_same_bits(cp, ver):
+    q, k, v, _, _ = _case(ver.dtype, (2, 3), 1000, 1000, 64, True)
+    O1, lse1 = _run(cp, ver, q, k, v, True)
+    O2, lse2 = _run(cp, ver, q, k, v, True)
+    assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O2).tobytes()
+    assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_public_api_default_version_out_and_lse(cp, dtype):
+    from flashref.gpu import flash_attention
+
+    q, k, v, ref, ref_lse = _case(dtype, (2, 3), 17, 17, 64, True)
+    out = cp.full(q.shape, np.nan, dtype=dtype)
+    O, lse = flash_attention(
+        cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True, return_lse=True, out=out
+    )
+    assert O is out and O.dtype == dtype and lse.dtype == np.float32 and lse.shape == q.shape[:-1]
+    assert _rel_err(cp.asnumpy(O), ref) <= CEILING[dtype]
+    assert np.max(np.abs(cp.asnumpy(lse) - ref_lse)) <= LSE_TOL * 10
+
+
+@pytest.mark.parametrize("number", [1, 2, 8])
+def test_scale_non_contiguous_and_no_keys(cp, number):
+    from flashref.gpu import VERSIONS, flash_attention
+
+    ver = VERSIONS[number]
+    rng = np.random.default_rng(number)
+    x = rng.standard_normal((2, 50, 3, 64)).astype(ver.dtype)  # (B, N, H, d): a transposed view
+    q = cp.asarray(x).transpose(0, 2, 1, 3)  # (B, H, N, d), not contiguous
+    for scale in (-0.3, 0.05):  # a negative scale is folded into q for the fp16 versions
+        O = flash_attention(q, q, q, scale=scale, version=number)
+        x64 = x.astype(np.float64).transpose(0, 2, 1, 3)
+        ref = naive_attention(x64, x64, x64, scale=scale)
+        assert _rel_err(cp.asnumpy(O), ref) <= CEILING[ver.dtype]
+    empty = cp.zeros((2, 3, 0, 64), dtype=ver.dtype)  # Nk = 0: every row sees no key
+    O, lse = flash_attention(q, empty, empty, version=number, return_lse=True)
+    assert (cp.asnumpy(O) == 0).all() and np.isneginf(cp.asnumpy(lse)).all()
+
+
+def test_fp32_versions_take_odd_head_dims(cp):
+    from flashref.gpu import VERSIONS
+
+    for number in (1, 2):
+        q, k, v, ref, _ = _case("float32", (2,), 33, 70, 40, True)
+        O, _ = _run(cp, VERSIONS[number], q, k, v, True)
+        assert _rel_err(cp.asnumpy(O), ref) <= CEILING["float32"]

@@ -1,0 +1,151 @@
+"""flashref.gpu on a machine without CuPy or without a GPU: clear errors, no crash on import.
+
+These run everywhere (no marker): CuPy's absence is simulated by making its
+import fail, and a missing GPU by a CuPy whose device query raises.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import flashref.gpu as fg
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "cupy" or name.startswith("cupy."):
+            raise ImportError("No module named 'cupy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+@pytest.fixture
+def cupy_without_gpu(monkeypatch):
+    def no_device():
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    runtime = types.SimpleNamespace(getDeviceCount=no_device)
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+def _inputs(dtype="float16", shape=(1, 2, 16, 64)):
+    x = np.zeros(shape, dtype=dtype)
+    return x, x, x
+
+
+def test_import_needs_no_cupy():
+    code = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name.split('.')[0] == 'cupy': raise ImportError('no cupy')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\n"
+        "import flashref, flashref.gpu\n"
+        "assert 'cupy' not in sys.modules\n"
+        "print(flashref.gpu.available())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_missing_cupy_says_what_and_how(no_cupy):
+    reason = fg.gpu_unavailable_reason()
+    assert "CuPy is not installed" in reason
+    assert "flashref[cuda12]" in reason and "flashref[cuda13]" in reason
+    assert not fg.available()
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed") as info:
+        fg.flash_attention(*_inputs())
+    assert "pip install" in str(info.value)
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_missing_gpu_says_what_and_how(cupy_without_gpu):
+    reason = fg.gpu_unavailable_reason()
+    assert "cannot reach a CUDA GPU" in reason and "cudaErrorNoDevice" in reason
+    with pytest.raises(fg.GPUUnavailableError, match="flashref\\[cuda1[23]\\]"):
+        fg.flash_attention(*_inputs(), causal=True)
+
+
+def test_selfcheck_and_bench_report_missing_gpu(no_cupy, monkeypatch, tmp_path):
+    selfcheck = importlib.import_module("flashref.gpu.selfcheck")
+    with pytest.raises(fg.GPUUnavailableError):
+        selfcheck.main(["--small"])
+    bench = importlib.import_module("flashref.bench.gpu")
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))  # the bench points it elsewhere
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        bench.main(["--quick", "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
+# Argument errors are raised before the GPU is looked for, so they read the same everywhere.
+@pytest.mark.parametrize(
+    "kwargs,inputs,error,match",
+    [
+        ({"version": 99}, _inputs(), ValueError, "version must be one of"),
+        ({"version": "3"}, _inputs(), TypeError, "version must be an int"),
+        ({"version": 3}, _inputs("float32"), ValueError, "version 3 .* takes float16"),
+        ({"version": 1}, _inputs("float16"), ValueError, "takes float32"),
+        ({"version": 5}, _inputs(shape=(1, 2, 16, 96)), ValueError, "head dim d=96"),
+        ({}, _inputs(shape=(1, 2, 16, 80)), ValueError, "head dim d=80"),
+        ({}, _inputs(shape=(1, 2, 16, 256), dtype="float32"), ValueError, "head dim d=256"),
+        ({}, _inputs("float64"), TypeError, "float16 and float32"),
+        ({"causal": 1}, _inputs(), TypeError, "causal must be a bool"),
+        ({"scale": 0.0}, _inputs(), ValueError, "scale must be finite and nonzero"),
+        ({"scale": float("nan")}, _inputs(), ValueError, "scale must be finite"),
+        ({"scale": "1"}, _inputs(), TypeError, "scale must be a real number"),
+    ],
+)
+def test_argument_errors(no_cupy, kwargs, inputs, error, match):
+    with pytest.raises(error, match=match):
+        fg.flash_attention(*inputs, **kwargs)
+
+
+def test_shape_errors_name_the_argument(no_cupy):
+    q = np.zeros((2, 3, 16, 64), np.float16)
+    with pytest.raises(ValueError, match="k has shape .* but q has head dim 64"):
+        fg.flash_attention(q, np.zeros((2, 3, 16, 32), np.float16), q)
+    with pytest.raises(ValueError, match="v has shape .* but k has 16 keys"):
+        fg.flash_attention(q, q, np.zeros((2, 3, 8, 64), np.float16))
+    with pytest.raises(ValueError, match="v has shape .* head dim equal to q's"):
+        fg.flash_attention(q, q, np.zeros((2, 3, 16, 32), np.float16))
+    with pytest.raises(ValueError, match="leading .* dimensions must be equal"):
+        fg.flash_attention(q, np.zeros((2, 4, 16, 64), np.float16), q)
+    with pytest.raises(ValueError, match="q has shape"):
+        fg.flash_attention(np.zeros(64, np.float16), q, q)
+    with pytest.raises(TypeError, match="share one dtype"):
+        fg.flash_attention(q, q.astype(np.float32), q)
+    with pytest.raises(TypeError, match="q must be a cupy.ndarray"):
+        fg.flash_attention([[1.0]], q, q)
+
+
+def test_versions_table_is_complete():
+    assert sorted(fg.VERSIONS) == list(range(1, len(fg.VERSIONS) + 1))  # numbered, no gaps
+    for number, ver in fg.VERSIONS.items():
+        assert ver.number == number and ver.path.is_file(), ver.file
+        assert f"flash_v{number}(" in ver.path.read_text()
+        assert ver.path.read_text().startswith(f"// version {number}:")
+        assert ver.dtype in ("float16", "float32") and {64, 128} <= set(ver.head_dims)
+        assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
+    for key, order in fg.PREFERENCE.items():
+        dtype = key[0] if isinstance(key, tuple) else key
+        assert sorted(order) == sorted(n for n, v in fg.VERSIONS.items() if v.dtype == dtype)
+
+
+def test_default_version_is_the_fastest_measured():
+    assert fg._check_version(None, "float16", 128).number == fg.PREFERENCE[("float16", 128)][0]
+    assert fg._check_version(None, "float32", 40).number == 2

@@ -1,0 +1,43 @@
+"""Every kernel compiles with nvcc for Hopper, and the tensor-core ones do not spill.
+
+Needs no GPU, only the CUDA compiler (marker ``nvcc``; skipped with a reason
+when nvcc is not on PATH). The compiler's resource report (registers, shared
+memory, spills) is printed, so ``pytest -s -m nvcc`` shows it for every version.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from flashref.gpu import VERSIONS
+
+pytestmark = pytest.mark.nvcc
+
+CASES = [(ver, d) for ver in VERSIONS.values() for d in (64, 128)]
+
+
+def _compile(path, d: int, out) -> str:
+    cmd = ["nvcc", "-arch=sm_90", "-cubin", "--resource-usage", f"-DHEAD_DIM={d}", "-o", str(out)]
+    proc = subprocess.run([*cmd, str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} {path.name} failed:\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("ver,d", CASES, ids=[f"v{v.number}-d{d}" for v, d in CASES])
+def test_kernel_compiles_for_sm90(ver, d, tmp_path):
+    report = _compile(ver.path, d, tmp_path / f"v{ver.number}_d{d}.cubin")
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    stack = re.search(r"(\d+) bytes stack frame", report)
+    assert regs and spills and stack, f"no resource report in nvcc output:\n{report}"
+    print(
+        f"\nv{ver.number} {ver.file} d={d}: {regs.group(1)} registers, "
+        f"{ver.smem_bytes(d)} bytes dynamic shared memory, stack {stack.group(1)} B, "
+        f"spill stores {spills.group(1)} B, spill loads {spills.group(2)} B"
+    )
+    if ver.dtype == "float16":  # the tensor-core kernels must keep every fragment in registers
+        assert spills.group(1) == spills.group(2) == "0", report
+        assert stack.group(1) == "0", report
