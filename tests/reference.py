@@ -1,0 +1,172 @@
+"""Independent float64 references (the oracles) and NaN-safe comparisons.
+
+Nothing here imports flashref's implementations: each reference is written
+straight from the formula, row by row, in float64, with sums taken by
+``math.fsum`` (exactly rounded), so that its own error is far below that of
+anything it is used to judge.
+
+Also here: the "same-precision naive" attention, the textbook formula computed
+entirely in one dtype (float32 or float16). Following FlashAttention's own
+tests, a kernel's error against the float64 reference is judged relative to
+the error this naive computation makes on the same inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import numpy as np
+
+
+def softmax_ref(x, axis: int = -1) -> np.ndarray:
+    """Softmax along ``axis`` in float64: ``exp(x - max) / fsum(exp(x - max))`` per row.
+
+    Rows must hold finite values (the test inputs do); returns float64.
+    """
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)  # (..., N)
+    out = np.empty_like(x)
+    for idx in np.ndindex(x.shape[:-1]):
+        row = x[idx]
+        if row.size == 0:
+            continue
+        e = np.exp(row - row.max())
+        out[idx] = e / math.fsum(e)
+    return np.moveaxis(out, -1, axis)
+
+
+def weighted_sum_ref(scores, values) -> float:
+    """``sum(softmax(scores) * values)`` for 1-D scores and scalar values, in float64."""
+    s = np.asarray(scores, dtype=np.float64)
+    w = np.exp(s - s.max())
+    return math.fsum(w * np.asarray(values, dtype=np.float64)) / math.fsum(w)
+
+
+def allowed_pairs(Nq: int, Nk: int, causal: bool, mask, batch: tuple) -> np.ndarray:
+    """Boolean (..., Nq, Nk): which query i may attend to which key j.
+
+    Causal is aligned top-left (PyTorch SDPA ``is_causal=True``): query ``i``
+    sees key ``j`` exactly when ``j <= i``, whatever Nq and Nk are. The mask
+    (True = may attend) is broadcast to the full shape; both must allow a pair.
+    """
+    allowed = np.ones(batch + (Nq, Nk), dtype=bool)
+    if causal:
+        for i in range(Nq):
+            allowed[..., i, i + 1 :] = False  # query i sees keys 0..i only
+    if mask is not None:
+        allowed &= np.broadcast_to(np.asarray(mask, dtype=bool), allowed.shape)
+    return allowed
+
+
+def attention_ref(q, k, v, *, scale=None, causal=False, mask=None):
+    """Attention in float64, one query row at a time: returns ``(O, lse)``.
+
+    O (..., Nq, dv) and lse (..., Nq), both float64. A row that may attend to
+    no key gets O = 0 and lse = -inf. NaN or inf in the inputs goes through
+    the formula unguarded (as the textbook formula would propagate it).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    Nq, d = q.shape[-2:]
+    Nk, dv = v.shape[-2:]
+    batch = q.shape[:-2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    allowed = allowed_pairs(Nq, Nk, causal, mask, batch)  # (..., Nq, Nk)
+    O = np.zeros(batch + (Nq, dv))
+    lse = np.full(batch + (Nq,), -np.inf)
+    with np.errstate(invalid="ignore", over="ignore"):  # only NaN/inf inputs trigger these
+        for b in np.ndindex(batch):
+            S = scale * np.einsum("id,jd->ij", q[b], k[b])  # (Nq, Nk)
+            for i in range(Nq):
+                keys = np.flatnonzero(allowed[b + (i,)])
+                if keys.size == 0:
+                    continue
+                s = S[i, keys]  # (n_allowed,)
+                m = s.max()  # NaN if any score is NaN
+                w = np.exp(s - m)  # (n_allowed,)
+                # fsum is exact but refuses inf and NaN; those rows are NaN/inf anyway.
+                l = math.fsum(w) if np.isfinite(w).all() else float(w.sum())
+                O[b + (i,)] = (w @ v[b][keys]) / l
+                lse[b + (i,)] = m + np.log(l)
+    return O, lse
+
+
+def attention_naive_lowp(q, k, v, dtype, *, scale=None, causal=False, mask=None):
+    """The textbook formula (max-subtracted softmax) computed in ``dtype``: ``(O, lse)``.
+
+    Every intermediate, including the sums, is rounded to ``dtype``: this is
+    "a same-precision naive implementation", the yardstick for tolerances.
+    Every row must have at least one allowed key.
+    """
+    dt = np.dtype(dtype)
+    q, k, v = (np.asarray(a).astype(dt) for a in (q, k, v))
+    Nq, d = q.shape[-2:]
+    Nk = k.shape[-2]
+    scale = dt.type(1.0 / math.sqrt(d) if scale is None else scale)
+    S = (q * scale) @ np.swapaxes(k, -1, -2)  # (..., Nq, Nk), in dt
+    allowed = allowed_pairs(Nq, Nk, causal, mask, q.shape[:-2])
+    S = np.where(allowed, S, dt.type(-np.inf))
+    m = S.max(axis=-1, keepdims=True)  # (..., Nq, 1)
+    P = np.exp(S - m)  # (..., Nq, Nk)
+    l = P.sum(axis=-1, keepdims=True, dtype=dt)  # (..., Nq, 1)
+    O = ((P / l) @ v).astype(dt)  # (..., Nq, dv)
+    lse = (m + np.log(l))[..., 0].astype(dt)  # (..., Nq)
+    return O, lse
+
+
+def softmax_lowp(x, dtype, axis: int = -1) -> np.ndarray:
+    """The max-subtracted softmax with every step rounded to ``dtype`` (the yardstick)."""
+    dt = np.dtype(dtype)
+    x = np.asarray(x).astype(dt)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True, dtype=dt)).astype(dt)
+
+
+def rel_error(actual, expected) -> float:
+    """Normwise relative error ``max|actual - expected| / max|expected|`` over finite entries.
+
+    Normwise (not elementwise) because attention outputs can be arbitrarily
+    close to zero in single entries, where an elementwise ratio is meaningless.
+    Returns inf if ``actual`` has a NaN or inf where ``expected`` is finite.
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    finite = np.isfinite(e)
+    if not np.isfinite(a[finite]).all():
+        return math.inf
+    if not finite.any():
+        return 0.0
+    scale = np.abs(e[finite]).max()
+    err = np.abs(a[finite] - e[finite]).max()
+    return float(err / scale) if scale > 0 else float(err)
+
+
+def assert_close(actual, expected, rtol: float, what: str = "result") -> None:
+    """NaN-safe comparison: same shape, NaN and +-inf in exactly the same places,
+    and normwise relative error of the finite entries at most ``rtol``.
+
+    A NaN in ``actual`` where ``expected`` has a number fails (NaN compares
+    False with everything, so a plain ``err <= rtol`` on NaN would also fail,
+    but here the message says where).
+    """
+    a = np.asarray(actual)
+    e = np.asarray(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape}, expected {e.shape}"
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    assert np.array_equal(nan_a, nan_e), (
+        f"{what}: NaN at {np.argwhere(nan_a != nan_e)[:5].tolist()} differs from the reference"
+    )
+    for sign, name in ((np.isposinf, "+inf"), (np.isneginf, "-inf")):
+        assert np.array_equal(sign(a), sign(e)), f"{what}: {name} positions differ"
+    err = rel_error(a, e)
+    assert err <= rtol, f"{what}: relative error {err:.3e} > {rtol:.1e}"
+
+
+@contextlib.contextmanager
+def no_warnings():
+    """Any warning raised inside (overflow, invalid value, ...) becomes an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
