@@ -30,15 +30,21 @@ from .state import SoftmaxState
 
 
 def _prepare(q, k, v, scale, mask):
-    """Validate everything, then cast to the accumulation dtype and fold in the scale."""
+    """Validate everything before any work; return the inputs uncopied, plus what to cast to."""
     q, k, v, out_dtype = check_qkv(q, k, v)
     scale = check_scale(scale, q.shape[-1])
     mask = check_mask(mask, q, k)
-    acc = accumulation_dtype(out_dtype)
-    # copy=False: inputs already in the accumulation dtype are used as they are, not copied
-    # (nothing below writes to K or V; Q is a new array because of the scaling).
-    Q = q.astype(acc, copy=False) * acc.type(scale)  # (..., Nq, d): S = Q K^T, no more scaling
-    return Q, k.astype(acc, copy=False), v.astype(acc, copy=False), mask, out_dtype
+    return q, k, v, mask, accumulation_dtype(out_dtype).type(scale), out_dtype
+
+
+def _load(x, rows: range, dtype, scale=None):
+    """Rows ``rows`` of ``x (..., N, d)`` in the accumulation dtype: one tile, as a kernel loads it.
+
+    Q tiles are multiplied by ``scale`` on the way in, so ``S = Q_i K_j^T`` needs no further
+    scaling. A tile already in ``dtype`` and unscaled is a view, not a copy.
+    """
+    tile = x[..., rows.start : rows.stop, :].astype(dtype, copy=False)  # (..., B, d)
+    return tile if scale is None else tile * scale
 
 
 def _allowed(mask, causal: bool, rows: range, cols: range):
@@ -64,8 +70,10 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     grows with Nq * Nk, which is exactly what tiling removes. See the module
     docstring for shapes, dtypes, the causal convention and masking.
     """
-    Q, K, V, mask, out_dtype = _prepare(q, k, v, scale, mask)
-    Nq, Nk = Q.shape[-2], K.shape[-2]
+    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask)
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    acc = scale.dtype
+    Q, K, V = _load(q, range(Nq), acc, scale), _load(k, range(Nk), acc), _load(v, range(Nk), acc)
     S = Q @ np.swapaxes(K, -1, -2)  # (..., Nq, Nk)
     allowed = _allowed(mask, causal, range(Nq), range(Nk))
     if allowed is not None:
@@ -89,20 +97,20 @@ def tiled_attention(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    Q, K, V, mask, out_dtype = _prepare(q, k, v, scale, mask)
-    Nq, Nk, dv = Q.shape[-2], K.shape[-2], V.shape[-1]
-    batch = Q.shape[:-2]
-    O = np.empty(batch + (Nq, dv), dtype=Q.dtype)  # (..., Nq, dv)
-    lse = np.empty(batch + (Nq,), dtype=Q.dtype)  # (..., Nq)
+    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask)
+    Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    batch, acc = q.shape[:-2], scale.dtype
+    O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Nq, dv)
+    lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Nq)
     for r0 in range(0, Nq, Br):  # Tr query tiles
         rows = range(r0, min(r0 + Br, Nq))
-        Qi = Q[..., rows.start : rows.stop, :]  # (..., Br, d)
-        state = SoftmaxState.empty(batch + (len(rows),), dv, Q.dtype)
+        Qi = _load(q, rows, acc, scale)  # (..., Br, d), scaled
+        state = SoftmaxState.empty(batch + (len(rows),), dv, acc)
         k_end = min(Nk, rows.stop) if causal else Nk  # later key tiles are fully masked
         for c0 in range(0, k_end, Bc):  # Tc key tiles
             cols = range(c0, min(c0 + Bc, k_end))
-            Kj = K[..., cols.start : cols.stop, :]  # (..., Bc, d)
-            Vj = V[..., cols.start : cols.stop, :]  # (..., Bc, dv)
+            Kj = _load(k, cols, acc)  # (..., Bc, d)
+            Vj = _load(v, cols, acc)  # (..., Bc, dv)
             S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
             allowed = _allowed(mask, causal, rows, cols)
             if allowed is not None:
@@ -128,32 +136,27 @@ def tiled_attention_kv_outer(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    Q, K, V, mask, out_dtype = _prepare(q, k, v, scale, mask)
-    Nq, Nk, dv = Q.shape[-2], K.shape[-2], V.shape[-1]
-    batch = Q.shape[:-2]
+    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask)
+    Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    batch, acc = q.shape[:-2], scale.dtype
     row_tiles = [range(r0, min(r0 + Br, Nq)) for r0 in range(0, Nq, Br)]
-    states = [SoftmaxState.empty(batch + (len(rows),), dv, Q.dtype) for rows in row_tiles]
+    states = [SoftmaxState.empty(batch + (len(rows),), dv, acc) for rows in row_tiles]
     for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
         cols = range(c0, min(c0 + Bc, Nk))
-        Kj = K[..., cols.start : cols.stop, :]  # (..., Bc, d)
-        Vj = V[..., cols.start : cols.stop, :]  # (..., Bc, dv)
-        for i, rows in enumerate(row_tiles):  # inner: Tr query tiles
+        Kj = _load(k, cols, acc)  # (..., Bc, d)
+        Vj = _load(v, cols, acc)  # (..., Bc, dv)
+        for i, rows in enumerate(row_tiles):  # inner: Tr query tiles, each loaded Tc times
             if causal and cols.start > rows.stop - 1:
                 continue  # every key in this tile is after every query: fully masked
-            S = Q[..., rows.start : rows.stop, :] @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
+            S = _load(q, rows, acc, scale) @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
             allowed = _allowed(mask, causal, rows, cols)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             states[i] = states[i].update(S, Vj)
-    O = (
-        np.concatenate([s.result() for s in states], axis=-2)
-        if states
-        else (np.zeros(batch + (0, dv), dtype=Q.dtype))
-    )
-    lse = (
-        np.concatenate([s.lse() for s in states], axis=-1)
-        if states
-        else (np.zeros(batch + (0,), dtype=Q.dtype))
-    )
+    O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Nq, dv)
+    lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Nq)
+    for rows, state in zip(row_tiles, states, strict=True):  # write each O_i, lse_i once
+        O[..., rows.start : rows.stop, :] = state.result()
+        lse[..., rows.start : rows.stop] = state.lse()
     O = O.astype(out_dtype, copy=False)
     return (O, lse) if return_lse else O

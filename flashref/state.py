@@ -96,7 +96,8 @@ class SoftmaxState:
         m_new = np.maximum(self.m, s.max(axis=-1, initial=-np.inf))  # (...)
         shift = _reference(m_new)
         alpha = np.exp(self.m - shift)  # (...) correction factor, <= 1
-        p = np.exp(s - shift[..., None])  # (..., Bc) unnormalised weights
+        p = s - shift[..., None]  # (..., Bc): a new array, so the exp can work in place
+        np.exp(p, out=p)  # unnormalised weights
         l_new = self.l * alpha + p.sum(axis=-1)
         o_new = None if v is None else self.o * alpha[..., None] + p @ v  # (..., dv)
         return SoftmaxState(m_new, l_new, o_new)
