@@ -36,9 +36,14 @@ notebooks: $(STAMP)
 test: lint unit notebooks book
 	@echo "make test: all passed"
 
-# On a machine with an NVIDIA GPU and CuPy: GPU tests, strict nbval of the GPU chapter, benchmark.
+# On a machine with an NVIDIA GPU: installs CuPy for your driver's CUDA major version into
+# .venv (CUDA=12 or CUDA=13; `nvidia-smi` prints it), then runs the GPU tests, the nvcc
+# compile checks, strict nbval of the GPU chapter, and the GPU benchmark, which rewrites
+# results/gpu_bench.json (the chapter's table and plots read it).
+CUDA ?= 12
 test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -m gpu tests/
+	$(BIN)/python -m pip install --quiet -e '.[cuda$(CUDA)]'
+	$(BIN)/python -m pytest -m "gpu or nvcc" tests/
 	$(BIN)/python -m pytest $(NBVAL) notebooks/05_gpu_kernels.ipynb
 	$(BIN)/python -m flashref.bench gpu
 
@@ -46,6 +51,7 @@ bench-cpu: $(STAMP)
 	$(BIN)/python -m flashref.bench cpu
 
 bench-gpu: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[cuda$(CUDA)]'
 	$(BIN)/python -m flashref.bench gpu
 
 clean:
