@@ -15,16 +15,10 @@ import pytest
 
 @functools.cache
 def gpu_unavailable_reason() -> str | None:
-    """None if CuPy can see a CUDA GPU; otherwise why not, in words."""
-    try:
-        import cupy
-    except ImportError:
-        return "no GPU: CuPy is not installed (pip install 'flashref[cuda12]' or '[cuda13]')"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device, driver too old ...
-        return f"no GPU: CuPy cannot reach a CUDA device ({type(exc).__name__}: {exc})"
-    return None if count > 0 else "no GPU: CUDA reports 0 devices"
+    """None if CuPy can see a CUDA GPU; otherwise why not (asked once per test run)."""
+    from flashref.gpu import gpu_unavailable_reason as reason  # imports no CuPy by itself
+
+    return reason()
 
 
 def _is_gpu_notebook_cell(item) -> bool:
@@ -39,6 +33,6 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("gpu") or _is_gpu_notebook_cell(item):
             gpu_reason = gpu_reason or gpu_unavailable_reason()
             if gpu_reason:
-                item.add_marker(pytest.mark.skip(reason=f"cell/test needs a GPU; {gpu_reason}"))
+                item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {gpu_reason}"))
         if item.get_closest_marker("nvcc") and nvcc_reason:
             item.add_marker(pytest.mark.skip(reason=nvcc_reason))
