@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+WIDTH = 79  # a report line longer than this puts its problem on the next line
+NOT_IMPLEMENTED = "not implemented yet"  # the report for a function that raises NotImplementedError
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -38,7 +41,10 @@ class CheckResult:
             f"{self.exercise}: {len(self.failures)} of {self.cases_run} cases failed",
         ]
         for f in self.failures[:5]:
-            lines.append(f"- {f.case}: {f.problem}")
+            line = f"- {f.case}: {f.problem}"
+            if len(line) > WIDTH and not f.problem.startswith("\n"):
+                line = f"- {f.case}:\n  {f.problem}"  # the problem on a line of its own
+            lines.append(line)
             if f.diagnosis:
                 lines.append(f"  likely mistake: {f.diagnosis}")
         if len(self.failures) > 5:
@@ -48,27 +54,10 @@ class CheckResult:
     __repr__ = __str__
 
 
-def first_mismatch(expected: np.ndarray, got, rtol: float, atol: float) -> str | None:
-    """Describe the first way ``got`` differs from ``expected``, or None if it matches.
-
-    Checks type, shape, NaN and then values (NaN-safe: a NaN where a number is
-    expected fails), reporting the index of the worst element.
-    """
+def array_problem(expected: np.ndarray, got) -> str | None:
+    """Say why ``got`` is not an array shaped like ``expected``, or None if it is."""
     if not isinstance(got, np.ndarray):
         return f"expected a numpy array, got {type(got).__name__}"
     if got.shape != expected.shape:
         return f"expected shape {expected.shape}, got shape {got.shape}"
-    g = got.astype(np.float64)
-    bad_nan = np.isnan(g) & ~np.isnan(expected)
-    if bad_nan.any():
-        idx = tuple(int(i) for i in np.argwhere(bad_nan)[0])
-        return f"NaN at index {idx} where {expected[idx]:.6g} was expected"
-    with np.errstate(invalid="ignore"):
-        err = np.abs(g - expected)
-        err = np.where(np.isnan(err), np.where(np.isnan(g) == np.isnan(expected), 0, np.inf), err)
-        err = np.where(np.isinf(expected) & (g == expected), 0, err)
-    tol = atol + rtol * np.abs(np.where(np.isfinite(expected), expected, 0))
-    if (err <= tol).all():
-        return None
-    idx = tuple(int(i) for i in np.unravel_index(np.argmax(err - tol), err.shape))
-    return f"at index {idx}: expected {expected[idx]:.6g}, got {g[idx]:.6g}"
+    return None

@@ -11,8 +11,9 @@ top-left: query ``i`` sees keys ``j <= i``).
 
 Both use the scale ``1/sqrt(d)``, float64 inputs, and compare with
 ``flashref.naive_attention`` in float64. When an output is wrong, the checker
-also runs the known-wrong algorithms of ``_candidates`` on the same input; if
-one of them reproduces the output, the report names that mistake.
+also runs the known-wrong algorithms of ``_attention_mistakes`` on the same
+input; if one of them reproduces the output, the report names that mistake.
+The inputs are built in ``_cases``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,35 @@ from collections.abc import Callable
 import numpy as np
 
 from ..attention import naive_attention
-from ._report import CheckResult, Failure
+from ._attention_mistakes import (
+    BOTTOM_RIGHT,
+    DIVIDE_INSIDE,
+    NO_RESCALE,
+    NO_SHIFT,
+    OFF_BY_ONE,
+    PER_TILE,
+    STRICT_CAUSAL,
+    WRONG_WAY,
+    candidates,
+    simulate_tiled,
+)
+from ._cases import one_query_cases, tiled_cases
+from ._report import NOT_IMPLEMENTED, CheckResult, Failure, array_problem
+
+__all__ = [
+    "check_one_query_attention",
+    "check_tiled_attention",
+    # what a report can say
+    "NOT_IMPLEMENTED",
+    "NO_RESCALE",
+    "WRONG_WAY",
+    "OFF_BY_ONE",
+    "BOTTOM_RIGHT",
+    "STRICT_CAUSAL",
+    "PER_TILE",
+    "DIVIDE_INSIDE",
+    "NO_SHIFT",
+]
 
 # Outputs are convex combinations of the rows of V, so errors are measured against
 # max|V|. Inputs are float64; a float64 solution lands within ~1e-13 of the reference
@@ -31,238 +60,6 @@ from ._report import CheckResult, Failure
 # each score by ~6e-5. Every named mistake misses by more than 1e-2 on the cases that
 # expose it (tests/test_exercises_attention.py plants each one).
 TOL = 1e-5
-
-NOT_IMPLEMENTED = "not implemented yet"
-NO_RESCALE = "no rescaling of O and l when the maximum grows"
-WRONG_WAY = "rescaling the wrong way"
-OFF_BY_ONE = "off-by-one tile bounds"
-BOTTOM_RIGHT = "wrong causal alignment (bottom-right instead of top-left)"
-STRICT_CAUSAL = "causal mask off by one (j < i instead of j <= i)"
-PER_TILE = "normalising each tile's output separately / averaging per-tile outputs"
-DIVIDE_INSIDE = "dividing by l inside the loop"
-NO_SHIFT = "exp of the raw scores (no maximum subtracted), which overflows or underflows"
-
-
-# ---------------------------------------------------------------------------
-# The inputs
-
-
-def _project_scores(q, K, target):
-    """Move each row of K along q so that its score ``K_j . q / sqrt(d)`` equals ``target[j]``."""
-    d = q.shape[-1]
-    s = K @ q / np.sqrt(d)  # (N,)
-    return K + np.outer((target - s) * np.sqrt(d) / (q @ q), q)  # (N, d)
-
-
-def _one_query_cases():
-    """(label, q (d,), K (N, d), V (N, dv), tile_size): ordinary first, then adversarial."""
-    rng = np.random.default_rng(2022)
-
-    def rand(N, d, dv):
-        return rng.standard_normal(d), rng.standard_normal((N, d)), rng.standard_normal((N, dv))
-
-    cases = []
-    for label, N, d, dv, tile in [
-        ("random", 16, 8, 4, 4),
-        ("N not a multiple of tile_size", 37, 8, 4, 8),
-        ("d and dv not powers of two", 23, 5, 3, 6),
-        ("tile_size 1", 10, 8, 4, 1),
-        ("tile_size larger than N", 12, 8, 4, 32),
-        ("N = 1", 1, 8, 4, 1),
-        ("N = 1, tile_size larger than N", 1, 8, 4, 4),
-    ]:
-        cases.append((label, *rand(N, d, dv), tile))
-    # Scores near +1000 rising tile by tile: exp overflows without the shift, and the
-    # maximum arrives in the last tile, so every earlier tile must be rescaled.
-    q, K, V = rand(40, 8, 4)
-    target = 990.0 + np.linspace(0.0, 10.0, 40) + 0.5 * rng.standard_normal(40)
-    cases.append(("large scores, maximum in the last tile", q, _project_scores(q, K, target), V, 8))
-    # Scores near -1000: exp underflows to 0 without the shift.
-    q, K, V = rand(29, 8, 4)
-    target = -1000.0 + np.linspace(0.0, 6.0, 29) + 0.5 * rng.standard_normal(29)
-    cases.append(("large negative scores", q, _project_scores(q, K, target), V, 5))
-    return cases
-
-
-def _tiled_cases():
-    """(label, q (Nq, d), k (Nk, d), v (Nk, dv), block_q, block_k, causal)."""
-    rng = np.random.default_rng(2023)
-
-    def rand(Nq, Nk, d, dv):
-        return (
-            rng.standard_normal((Nq, d)),
-            rng.standard_normal((Nk, d)),
-            rng.standard_normal((Nk, dv)),
-        )
-
-    cases = []
-    for label, Nq, Nk, d, dv, Br, Bc, causal in [
-        ("random", 64, 64, 16, 8, 16, 16, False),
-        ("random", 64, 64, 16, 8, 16, 16, True),
-        ("N not a multiple of the blocks", 45, 45, 8, 5, 16, 8, False),
-        ("N not a multiple of the blocks", 45, 45, 8, 5, 16, 8, True),
-        ("Nq < Nk", 20, 50, 8, 4, 8, 16, True),
-        ("Nq > Nk", 50, 20, 8, 4, 16, 8, True),
-        ("Nq > Nk", 50, 20, 8, 4, 16, 8, False),
-        ("block sizes 1", 7, 9, 8, 4, 1, 1, True),
-        ("blocks larger than N", 10, 10, 8, 4, 64, 64, False),
-        ("blocks larger than N", 10, 10, 8, 4, 64, 64, True),
-        ("N = 1", 1, 1, 8, 4, 4, 4, False),
-        ("N = 1", 1, 1, 8, 4, 4, 4, True),
-    ]:
-        cases.append((label, *rand(Nq, Nk, d, dv), Br, Bc, causal))
-    # Large scores whose maximum, for every query, lies in the last key tile.
-    for causal in (False, True):
-        q, k, v = rand(48, 48, 8, 4)
-        direction = q.mean(axis=0)
-        target = 990.0 + np.linspace(0.0, 10.0, 48)  # score of key j against the mean query
-        k = _project_scores(direction, k, target)
-        q = direction + 0.02 * (q - direction)  # queries close to the mean: similar scores
-        cases.append(("large scores, maximum in the last tile", q, k, v, 16, 16, causal))
-    return cases
-
-
-# ---------------------------------------------------------------------------
-# Known-wrong algorithms, simulated on full score matrices (the inputs are small)
-
-
-def _stream(S, V, tiles, rule):
-    """Fold key tiles into running (m, l, o) for rows S (R, Nk), V (Nk, dv), under a rule.
-
-    ``rule`` is "correct" or one of the mistakes below. Arithmetic is left literal
-    (inf and NaN are allowed to appear) so that the output matches what a reader's
-    code with the same mistake computes.
-    """
-    R, dv = S.shape[0], V.shape[-1]
-    m = np.full(R, -np.inf)
-    l = np.zeros(R)
-    o = np.zeros((R, dv))
-    outs, masses = [], []  # per-tile outputs and their masses, for the per-tile rules
-    first = True
-    for idx in tiles:
-        s, v = S[:, idx], V[idx]  # (R, Bc), (Bc, dv)
-        m_new = np.maximum(m, s.max(axis=-1, initial=-np.inf))
-        shift = np.where(np.isneginf(m_new), 0.0, m_new)
-        p = np.exp(s - shift[:, None])  # (R, Bc)
-        alpha = np.exp(m - shift)
-        if rule == "correct":
-            l, o = l * alpha + p.sum(-1), o * alpha[:, None] + p @ v
-        elif rule == "no_rescale":
-            l, o = l + p.sum(-1), o + p @ v
-        elif rule == "wrong_way":  # exp(m_new - m_old): inf times 0 on the first tile
-            beta = np.exp(m_new - m)
-            l, o = l * beta + p.sum(-1), o * beta[:, None] + p @ v
-        elif rule == "wrong_way_from_first":  # the same, with the state started from tile 1
-            beta = np.ones(R) if first else np.exp(m_new - m)
-            l, o = l * beta + p.sum(-1), o * beta[:, None] + p @ v
-        elif rule == "rescale_new_tile":  # the correction applied to the new tile instead
-            l, o = l + alpha * p.sum(-1), o + alpha[:, None] * (p @ v)
-        elif rule == "divide_inside":  # o kept normalised, without undoing the old division
-            l = l * alpha + p.sum(-1)
-            o = (o * alpha[:, None] + p @ v) / l[:, None]
-        elif rule == "no_shift":
-            e = np.exp(s)
-            l, o = l + e.sum(-1), o + e @ v
-        elif rule in ("average", "sum", "average_all", "sum_all"):  # tiles normalised alone
-            tile_m = s.max(axis=-1, initial=-np.inf)
-            p_t = np.exp(s - np.where(np.isneginf(tile_m), 0.0, tile_m)[:, None])  # (R, Bc)
-            tile_l = p_t.sum(-1)
-            outs.append((p_t @ v) / tile_l[:, None])
-            masses.append(tile_l > 0)
-        else:
-            raise ValueError(f"unknown rule {rule!r}")
-        m, first = m_new, False
-    if rule in ("average_all", "sum_all"):  # a tile with every key masked gives 0/0 = NaN
-        total = np.sum(outs, axis=0)
-        return total if rule == "sum_all" else total / len(outs)
-    if rule in ("average", "sum"):  # tiles with every key masked left out, row by row
-        if not outs:
-            return o
-        seen = np.array(masses)  # (T, R): tile has an allowed key for this row
-        stacked = np.where(seen[..., None], np.array(outs), 0.0)  # (T, R, dv)
-        total = stacked.sum(0)
-        return total if rule == "sum" else total / seen.sum(0)[:, None]
-    if rule == "divide_inside":
-        return o
-    return o / l[:, None]
-
-
-def _key_tiles(stop, Bc, variant):
-    """Key index tiles ``0..stop`` in steps of Bc, with an optional off-by-one."""
-    if variant == "correct":
-        return [np.arange(c, min(c + Bc, stop)) for c in range(0, stop, Bc)]
-    if variant == "drop_tail":  # range(stop // Bc): the ragged last tile is never visited
-        return [np.arange(c, c + Bc) for c in range(0, stop - stop % Bc, Bc)]
-    if variant == "drop_last":  # range(0, stop - Bc, Bc)
-        return [np.arange(c, min(c + Bc, stop)) for c in range(0, stop - Bc, Bc)]
-    if variant == "short":  # slice c : c + Bc - 1
-        return [np.arange(c, min(c + Bc - 1, stop)) for c in range(0, stop, Bc)]
-    if variant == "overlap":  # slice c : c + Bc + 1, the boundary key counted twice
-        return [np.arange(c, min(c + Bc + 1, stop)) for c in range(0, stop, Bc)]
-    raise ValueError(f"unknown tile variant {variant!r}")
-
-
-def _simulate(
-    q, k, v, Br, Bc, causal, rule="correct", tiles="correct", mask="top_left", causal_stop="skip"
-):
-    """Output (Nq, dv) of a tiled loop with the given rule, tile variant and mask.
-
-    Also returns a boolean (Nq,) of rows that may attend to no key under this mask:
-    their output is undefined (zeros, NaN or anything), so they match anything.
-    """
-    Nq, Nk = q.shape[0], k.shape[0]
-    S = q @ k.T / np.sqrt(q.shape[-1])  # (Nq, Nk)
-    i, j = np.arange(Nq)[:, None], np.arange(Nk)
-    allowed = np.ones((Nq, Nk), dtype=bool)
-    if causal:
-        allowed = {
-            "top_left": j <= i,
-            "bottom_right": j <= i + Nk - Nq,
-            "strict": j < i,
-        }[mask] & allowed
-    S = np.where(allowed, S, -np.inf)
-    O = np.zeros((Nq, v.shape[-1]))
-    for r0 in range(0, Nq, Br):
-        r1 = min(r0 + Br, Nq)
-        if not causal or causal_stop == "all":
-            stop = Nk
-        elif causal_stop == "skip":
-            stop = min(Nk, r1)
-        elif causal_stop == "before_diagonal":  # the loop ends where the query tile starts
-            stop = min(Nk, r0)
-        else:  # "one_short": range(0, r1 - 1, Bc)
-            stop = min(Nk, r1 - 1)
-        O[r0:r1] = _stream(S[r0:r1], v, _key_tiles(stop, Bc, tiles), rule)
-    return O, ~allowed.any(axis=1)
-
-
-def _candidates(causal):
-    """(mistake name, keyword arguments of ``_simulate``) for every known mistake."""
-    out = [
-        (NO_RESCALE, {"rule": "no_rescale"}),
-        (WRONG_WAY, {"rule": "wrong_way_from_first"}),
-        (WRONG_WAY, {"rule": "rescale_new_tile"}),
-        (PER_TILE, {"rule": "average"}),
-        (PER_TILE, {"rule": "sum"}),
-        (DIVIDE_INSIDE, {"rule": "divide_inside"}),
-        (NO_SHIFT, {"rule": "no_shift"}),
-    ]
-    stops = ("skip", "all") if causal else ("skip",)
-    if causal:
-        for rule in ("average_all", "sum_all"):
-            out += [(PER_TILE, {"rule": rule, "causal_stop": s}) for s in stops]
-    for variant in ("drop_tail", "drop_last", "short", "overlap"):
-        out += [(OFF_BY_ONE, {"tiles": variant, "causal_stop": s}) for s in stops]
-    if causal:
-        out += [
-            (OFF_BY_ONE, {"causal_stop": "before_diagonal"}),
-            (OFF_BY_ONE, {"causal_stop": "one_short"}),
-            (BOTTOM_RIGHT, {"mask": "bottom_right", "causal_stop": "all"}),
-            (STRICT_CAUSAL, {"mask": "strict", "causal_stop": "all"}),
-        ]
-    # Last, because it is NaN everywhere and so only recognisable by elimination.
-    out.append((WRONG_WAY, {"rule": "wrong_way"}))
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -283,7 +80,7 @@ def _diagnose(got, causal, simulate):
     """Names of the mistakes whose output equals ``got`` on this case (may be empty)."""
     names = []
     with np.errstate(all="ignore"):
-        for name, kwargs in _candidates(causal):
+        for name, kwargs in candidates(causal):
             if name in names:
                 continue
             if name == WRONG_WAY and kwargs["rule"] == "wrong_way" and not np.isnan(got).all():
@@ -311,12 +108,8 @@ def _run(exercise, fn, cases, call, expected_of, simulate_of, describe, causal_o
             result.failures.append(Failure(label, f"raised {type(exc).__name__}: {exc}"))
             continue
         expected, scale = expected_of(case)
-        if not isinstance(got, np.ndarray):
-            problem = f"expected a numpy array, got {type(got).__name__}"
-            result.failures.append(Failure(label, problem))
-            continue
-        if got.shape != expected.shape:
-            problem = f"expected shape {expected.shape}, got shape {got.shape}"
+        problem = array_problem(expected, got)
+        if problem:
             result.failures.append(Failure(label, problem))
             continue
         if got.dtype.kind != "f":
@@ -345,8 +138,8 @@ def _describe_mismatch(expected, got, bad, scale):
         c = int(np.argmax(err[r]))
         where, e, g = f"row {r} (the first wrong row), column {c}", expected[r, c], got[r, c]
     return (
-        f"{where}: expected {e:.6g}, got {g:.6g} "
-        f"(largest error {worst:.3g}; tolerance {TOL * scale:.3g} = {TOL:g} x max|V|)"
+        f"{where}: expected {e:.6g}, got {g:.6g}\n"
+        f"  largest error {worst:.3g}; tolerance {TOL * scale:.3g} = {TOL:g} x max|V|"
     )
 
 
@@ -376,7 +169,7 @@ def check_one_query_attention(fn: Callable) -> CheckResult:
         _, q, K, V, tile = case
 
         def simulate(**kwargs):
-            O, undefined = _simulate(q[None], K, V, 1, tile, False, **kwargs)
+            O, undefined = simulate_tiled(q[None], K, V, 1, tile, False, **kwargs)
             return O[0], None
 
         return simulate
@@ -388,7 +181,7 @@ def check_one_query_attention(fn: Callable) -> CheckResult:
     return _run(
         "check_one_query_attention",
         fn,
-        _one_query_cases(),
+        one_query_cases(),
         call,
         expected_of,
         simulate_of,
@@ -417,7 +210,7 @@ def check_tiled_attention(fn: Callable) -> CheckResult:
 
     def simulate_of(case):
         _, q, k, v, Br, Bc, causal = case
-        return lambda **kwargs: _simulate(q, k, v, Br, Bc, causal, **kwargs)
+        return lambda **kwargs: simulate_tiled(q, k, v, Br, Bc, causal, **kwargs)
 
     def describe(case):
         label, q, k, v, Br, Bc, causal = case
@@ -429,7 +222,7 @@ def check_tiled_attention(fn: Callable) -> CheckResult:
     return _run(
         "check_tiled_attention",
         fn,
-        _tiled_cases(),
+        tiled_cases(),
         call,
         expected_of,
         simulate_of,

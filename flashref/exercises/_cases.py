@@ -1,0 +1,131 @@
+"""The inputs every exercise checker runs: ordinary cases first, then adversarial ones.
+
+Scores near +-1000 (exp overflows or underflows without the shift), the maximum
+in the first or the last tile (every earlier tile must be rescaled), ties, ragged
+tails, tile sizes 1 and larger than N, N = 1, -inf entries, rows of a batch,
+Nq != Nk with causal masking. Each family has its own seeded generator, so a
+checker's cases are the same on every run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# --- softmax: x (N,) or (rows, N) with a block size ----------------------------------------
+
+
+def rising(rng, shape, lo, hi) -> np.ndarray:
+    """Scores that trend from lo to hi along the last axis: the maximum grows block by block."""
+    return np.linspace(lo, hi, shape[-1]) + rng.uniform(-0.5, 0.5, shape)
+
+
+def softmax_inputs() -> list[tuple[str, np.ndarray, int]]:
+    """(description, x float64, block size) for the softmax checkers."""
+    rng = np.random.default_rng(20240601)
+    x_inf = rng.normal(0.0, 2.0, (3, 18))
+    x_inf[rng.random((3, 18)) < 0.3] = -np.inf
+    x_inf[:, 5] = 1.0  # every row keeps at least one finite score
+    x_lead = rng.normal(0.0, 2.0, (2, 12))
+    x_lead[:, :4] = -np.inf  # a whole first block masked, as with left padding
+    far = np.stack([1000.0 + rising(rng, (9,), 0, 4), -1000.0 + rising(rng, (9,), 0, 4)])
+    return [
+        ("ordinary scores", rng.normal(0.0, 2.0, 37), 8),
+        ("rows of a batch", rng.normal(0.0, 3.0, (4, 29)), 5),
+        (
+            "scores near 1000, rising: the maximum in the last block",
+            1000 + rising(rng, (3, 20), 0, 12),
+            4,
+        ),
+        ("scores near -1000", -1000.0 + rising(rng, (2, 23), -6, 6), 6),
+        ("maximum in the first block", rising(rng, (17,), 8, -8), 4),
+        ("ties: the maximum repeated in several blocks", rng.choice([0.0, 2.0, 5.0], (3, 16)), 4),
+        ("one row near 1000, one near -1000", far, 3),
+        ("block size 1", rising(rng, (2, 11), -3, 3), 1),
+        ("block size larger than N", rising(rng, (2, 7), -3, 3), 16),
+        (
+            "scores spanning -1000 to 1000 in one row",
+            rng.permutation(np.linspace(-1e3, 1e3, 15)),
+            2,
+        ),
+        ("-inf entries (masked scores)", x_inf, 4),
+        ("a whole first block of -inf", x_lead, 4),
+        ("N = 1", rng.normal(0.0, 1.0, (3, 1)), 2),
+    ]
+
+
+# --- attention: one query, and the tiled loop -------------------------------------------
+
+
+def _project_scores(q, K, target):
+    """Move each row of K along q so that its score ``K_j . q / sqrt(d)`` equals ``target[j]``."""
+    d = q.shape[-1]
+    s = K @ q / np.sqrt(d)  # (N,)
+    return K + np.outer((target - s) * np.sqrt(d) / (q @ q), q)  # (N, d)
+
+
+def one_query_cases():
+    """(label, q (d,), K (N, d), V (N, dv), tile_size): ordinary first, then adversarial."""
+    rng = np.random.default_rng(2022)
+
+    def rand(N, d, dv):
+        return rng.standard_normal(d), rng.standard_normal((N, d)), rng.standard_normal((N, dv))
+
+    cases = []
+    for label, N, d, dv, tile in [
+        ("random", 16, 8, 4, 4),
+        ("N not a multiple of tile_size", 37, 8, 4, 8),
+        ("d and dv not powers of two", 23, 5, 3, 6),
+        ("tile_size 1", 10, 8, 4, 1),
+        ("tile_size larger than N", 12, 8, 4, 32),
+        ("N = 1", 1, 8, 4, 1),
+        ("N = 1, tile_size larger than N", 1, 8, 4, 4),
+    ]:
+        cases.append((label, *rand(N, d, dv), tile))
+    # Scores near +1000 rising tile by tile: exp overflows without the shift, and the
+    # maximum arrives in the last tile, so every earlier tile must be rescaled.
+    q, K, V = rand(40, 8, 4)
+    target = 990.0 + np.linspace(0.0, 10.0, 40) + 0.5 * rng.standard_normal(40)
+    cases.append(("large scores, maximum in the last tile", q, _project_scores(q, K, target), V, 8))
+    # Scores near -1000: exp underflows to 0 without the shift.
+    q, K, V = rand(29, 8, 4)
+    target = -1000.0 + np.linspace(0.0, 6.0, 29) + 0.5 * rng.standard_normal(29)
+    cases.append(("large negative scores", q, _project_scores(q, K, target), V, 5))
+    return cases
+
+
+def tiled_cases():
+    """(label, q (Nq, d), k (Nk, d), v (Nk, dv), block_q, block_k, causal)."""
+    rng = np.random.default_rng(2023)
+
+    def rand(Nq, Nk, d, dv):
+        return (
+            rng.standard_normal((Nq, d)),
+            rng.standard_normal((Nk, d)),
+            rng.standard_normal((Nk, dv)),
+        )
+
+    cases = []
+    for label, Nq, Nk, d, dv, Br, Bc, causal in [
+        ("random", 64, 64, 16, 8, 16, 16, False),
+        ("random", 64, 64, 16, 8, 16, 16, True),
+        ("N not a multiple of the blocks", 45, 45, 8, 5, 16, 8, False),
+        ("N not a multiple of the blocks", 45, 45, 8, 5, 16, 8, True),
+        ("Nq < Nk", 20, 50, 8, 4, 8, 16, True),
+        ("Nq > Nk", 50, 20, 8, 4, 16, 8, True),
+        ("Nq > Nk", 50, 20, 8, 4, 16, 8, False),
+        ("block sizes 1", 7, 9, 8, 4, 1, 1, True),
+        ("blocks larger than N", 10, 10, 8, 4, 64, 64, False),
+        ("blocks larger than N", 10, 10, 8, 4, 64, 64, True),
+        ("N = 1", 1, 1, 8, 4, 4, 4, False),
+        ("N = 1", 1, 1, 8, 4, 4, 4, True),
+    ]:
+        cases.append((label, *rand(Nq, Nk, d, dv), Br, Bc, causal))
+    # Large scores whose maximum, for every query, lies in the last key tile.
+    for causal in (False, True):
+        q, k, v = rand(48, 48, 8, 4)
+        direction = q.mean(axis=0)
+        target = 990.0 + np.linspace(0.0, 10.0, 48)  # score of key j against the mean query
+        k = _project_scores(direction, k, target)
+        q = direction + 0.02 * (q - direction)  # queries close to the mean: similar scores
+        cases.append(("large scores, maximum in the last tile", q, k, v, 16, 16, causal))
+    return cases
