@@ -14,6 +14,7 @@ not fit. Progress goes to stderr, the results to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import platform
@@ -44,6 +45,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-k", type=int, default=512, help="Bc for tiled_attention")
     p.add_argument("--big", type=int, default=65536, help="N for the tiled-only row (0: skip)")
     p.add_argument("--sweep-n", type=int, default=4096, help="N for the block sweep (0: skip)")
+    p.add_argument(
+        "--blas-threads",
+        default="1,2",
+        help="comma-separated BLAS thread counts; the timings are measured under each, both"
+        " versions alike (default 1,2: one core each, then OpenBLAS's two threads)",
+    )
     args = p.parse_args(argv)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -51,7 +58,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
     if not args.sizes or min(args.sizes) < 1 or args.repeats < 1:
         p.error("--sizes must be positive integers and --repeats at least 1")
+    try:
+        args.blas_threads = [int(s) for s in args.blas_threads.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--blas-threads must be comma-separated integers, got {args.blas_threads!r}")
+    if not args.blas_threads or min(args.blas_threads) < 1:
+        p.error("--blas-threads must be positive integers")
     return args
+
+
+@contextlib.contextmanager
+def blas_limit(threads: int | None):
+    """Run the block with the BLAS limited to ``threads`` threads (None: as configured)."""
+    if threads is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield
+
+
+def thread_settings(requested: list[int]) -> tuple[list[int | None], str | None]:
+    """The BLAS settings to time under; without threadpoolctl only the configured one."""
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        return [None], "threadpoolctl is not installed: timings use the BLAS as configured"
+    return list(requested), None
 
 
 def repeats_for(N: int, repeats: int) -> int:
@@ -134,10 +168,7 @@ def load_note() -> str | None:
         return None
     return (
         f"note: load average {load:.1f} on {os.cpu_count()} CPUs at the start: other work"
-        " competes for the cores,\n  so times will be noisy. Multithreaded BLAS suffers most:"
-        " tiled makes many mid-sized\n  matmul calls, each waiting for all its threads. For"
-        " steadier numbers run with\n  OPENBLAS_NUM_THREADS=1 (naive and tiled then both use"
-        " one core)."
+        " competes for the cores,\n  so times will be noisy, multithreaded BLAS most of all."
     )
 
 
@@ -188,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     Br, Bc = args.block_q, args.block_k
     sweep_steps = len(SWEEP_BLOCKS) if args.sweep_n else 0
-    progress = Progress(1 + sweep_steps + 3 * len(args.sizes) + (2 if args.big else 0))
+    n_settings = len(thread_settings(args.blas_threads)[0])
+    progress = Progress(
+        1 + sweep_steps + (2 + n_settings) * len(args.sizes) + (2 if args.big else 0)
+    )
 
     for line in machine():
         print(line)
@@ -209,30 +243,47 @@ def main(argv: list[str] | None = None) -> int:
         "  should stay in cache, or tiling loses its point. The library's default 64 x 64 is\n"
         "  sized for reading the code, not for NumPy speed; the sweep shows the trade-off."
     )
+    settings, why_not = thread_settings(args.blas_threads)
+    label = {None: "as configured"} | {n: f"{n} BLAS thread{'s' * (n > 1)}" for n in settings}
     if args.sweep_n:
-        for line in sweep(args.sweep_n, (Br, Bc), progress):
+        with blas_limit(settings[0]):
+            lines = sweep(args.sweep_n, (Br, Bc), progress)
+        lines[0] = lines[0].replace(":", f", {label[settings[0]]}:", 1)
+        for line in lines:
             print(line)
 
+    if why_not:
+        print(f"note: {why_not}")
+    time_cols = "".join(f" {'naive ms':>9} {'tiled ms':>9} {'tiled/naive':>11}" for _ in settings)
     header = (
-        f"{'N':>6} {'naive ms':>10} {'tiled ms':>10} {'tiled/naive':>12} "
-        f"{'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12} {'runs':>5} {'rel diff':>9}"
+        f"{'N':>6}{time_cols} {'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12}"
+        f" {'runs':>5} {'rel diff':>9}"
     )
-    print("\n" + header)
+    groups = "".join(f" {'-- ' + label[n] + ' ':-<31}" for n in settings)
+    print("\n" + f"{'':>6}{groups}")
+    print(header)
     print("-" * len(header))
+    ratios = {n: {} for n in settings}  # tiled/naive per setting and N, for the verdict
     bytes_per_score = None  # naive's measured peak / N^2 at the largest N measured
     for N in args.sizes:
         q, k, v = one_head(N)
         naive = functools.partial(naive_attention, q, k, v)
         tiled = functools.partial(tiled_attention, q, k, v, block_q=Br, block_k=Bc)
         runs = repeats_for(N, args.repeats)
-        progress(f"time naive and tiled N={N} ({runs} runs each, alternating)")
         O_naive, O_tiled = naive(), tiled()  # warm-up; kept to check agreement
         rel_diff = float(np.abs(O_tiled - O_naive).max() / np.abs(O_naive).max())
-        t_naive, t_tiled = [], []
-        for _ in range(runs):
-            t_naive.append(timed(naive)[0])
-            t_tiled.append(timed(tiled)[0])
-        tn, tt = statistics.median(t_naive), statistics.median(t_tiled)
+        cells = ""
+        for n in settings:
+            progress(f"time naive and tiled N={N}, {label[n]} ({runs} runs each, alternating)")
+            with blas_limit(n):
+                naive(), tiled()  # warm-up under this setting
+                t_naive, t_tiled = [], []
+                for _ in range(runs):
+                    t_naive.append(timed(naive)[0])
+                    t_tiled.append(timed(tiled)[0])
+            tn, tt = statistics.median(t_naive), statistics.median(t_tiled)
+            ratios[n][N] = tt / tn
+            cells += f" {tn * 1e3:>9.1f} {tt * 1e3:>9.1f} {tt / tn:>11.2f}"
         progress(f"peak memory naive N={N}")
         mn = peak_bytes(naive)
         progress(f"peak memory tiled N={N}")
@@ -240,24 +291,27 @@ def main(argv: list[str] | None = None) -> int:
         bytes_per_score = mn / N**2
         mem_ratio = f"{mn / mt:.0f}x" if mn >= 10 * mt else f"{mn / mt:.1f}x"
         print(
-            f"{N:>6} {tn * 1e3:>10.1f} {tt * 1e3:>10.1f} {tt / tn:>12.2f} "
-            f"{fmt_mib(mn):>10} {fmt_mib(mt):>10} {mem_ratio:>12} {runs:>5} {rel_diff:>9.1e}"
+            f"{N:>6}{cells} {fmt_mib(mn):>10} {fmt_mib(mt):>10} {mem_ratio:>12}"
+            f" {runs:>5} {rel_diff:>9.1e}"
         )
         del q, k, v, O_naive, O_tiled
-
     if args.big:
         N = args.big
         q, k, v = one_head(N)
-        progress(f"time tiled N={N} (1 run; the code path is warm from the rows above)")
-        t_big, _ = timed(lambda: tiled_attention(q, k, v, block_q=Br, block_k=Bc))
+        progress(f"time tiled N={N}, {label[settings[0]]} (1 run; the code path is warm)")
+        with blas_limit(settings[0]):
+            t_big, _ = timed(lambda: tiled_attention(q, k, v, block_q=Br, block_k=Bc))
         progress(f"peak memory tiled N={N}")
         m_big = peak_bytes(lambda: tiled_attention(q, k, v, block_q=Br, block_k=Bc))
-        print(
-            f"{N:>6} {'-':>10} {t_big * 1e3:>10.1f} {'-':>12} {'-':>10} {fmt_mib(m_big):>10} "
-            f"{'-':>12} {1:>5} {'-':>9}"
+        cells = f" {'-':>9} {t_big * 1e3:>9.1f} {'-':>11}" + f" {'-':>9} {'-':>9} {'-':>11}" * (
+            len(settings) - 1
         )
+        print(f"{N:>6}{cells} {'-':>10} {fmt_mib(m_big):>10} {'-':>12} {1:>5} {'-':>9}")
         s_bytes = N * N * np.dtype(DTYPE).itemsize
-        print(f"\nN = {N:,}: tiled attention took {t_big:.1f} s and peaked at {fmt_bytes(m_big)}.")
+        print(
+            f"\nN = {N:,}: tiled attention took {t_big:.1f} s ({label[settings[0]]}) and peaked"
+            f" at {fmt_bytes(m_big)}."
+        )
         print(f"The naive score matrix S alone would need {N:,}^2 x 4 B = {fmt_bytes(s_bytes)}.")
         if bytes_per_score is not None:
             b = bytes_per_score
@@ -267,15 +321,25 @@ def main(argv: list[str] | None = None) -> int:
                 f" suggests ~{fmt_bytes(b * N * N)} for the naive version."
             )
 
+    print()
+    for n in settings:
+        big = {N: r for N, r in ratios[n].items() if N >= 4096}
+        if big:
+            worst = max(big.values())
+            verdict = "tiled no slower than naive" if worst <= 1.0 else "tiled SLOWER than naive"
+            shown = ", ".join(f"{r:.2f} at N = {N}" for N, r in big.items())
+            print(f"{label[n]}: tiled/naive {shown}: {verdict}")
+
     try:
         print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     except OSError:
         pass
     print(
-        "Times: median of the runs shown, after one warm-up call; naive and tiled calls"
-        " alternate.\nMemory: tracemalloc peak during one separate call (NumPy's arrays;"
-        " BLAS's small\ninternal buffers are not traced). rel diff: max|tiled - naive| /"
-        " max|naive|, from the warm-up calls."
+        "Times: median of the runs shown, after one warm-up call, under each BLAS thread"
+        " setting\n(threadpoolctl); naive and tiled calls alternate.\n"
+        "Memory: tracemalloc peak during one separate call (NumPy's arrays; BLAS's small\n"
+        "internal buffers are not traced). rel diff: max|tiled - naive| / max|naive|, from"
+        " the warm-up calls."
     )
     return 0
 
