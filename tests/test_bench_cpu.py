@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
+from flashref import tiled_attention
 from flashref.bench import cpu
 from flashref.bench.__main__ import main as bench_main
 
@@ -32,9 +34,9 @@ def test_cpu_bench_prints_table_and_progress(capsys):
         row = re.search(rf"^ +{N} (.*)$", table, flags=re.M)
         assert row, f"no row for N={N}"
         cells = row.group(1).split()
-        settings = cpu.thread_settings([1, 2])[0]
-        # per BLAS setting 2 times and a ratio; then 2 peaks, ratio, runs, rel diff
-        assert len(cells) == 3 * len(settings) + 5, cells
+        modes = cpu.timing_modes([1, 2], cpu.parse_args([]).workers)[0]
+        # per timing mode 2 times and a ratio; then 2 peaks, ratio, runs, rel diff
+        assert len(cells) == 3 * len(modes) + 5, cells
         # float32 tiled vs naive: both accumulate in float32 over <= 96 keys, so they agree
         # to a few units of roundoff (1.2e-7); 1e-5 catches any real disagreement.
         assert float(cells[-1]) < 1e-5
@@ -56,3 +58,13 @@ def test_cpu_bench_rejects_bad_options(argv, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert argv[0] in err and "usage:" in err
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_tiled_parallel_is_bitwise_tiled_attention(workers):
+    # Splitting the query tiles among threads changes who computes a tile, not how:
+    # every output row must carry exactly the bits tiled_attention gives it.
+    q, k, v = cpu.one_head(333, seed=3)
+    expected = tiled_attention(q, k, v, block_q=64, block_k=48)
+    got = cpu.tiled_parallel(q, k, v, 64, 48, workers)
+    assert np.array_equal(got, expected)

@@ -22,6 +22,8 @@ import statistics
 import sys
 import time
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,6 +53,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma-separated BLAS thread counts; the timings are measured under each, both"
         " versions alike (default 1,2: one core each, then OpenBLAS's two threads)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="also time tiled attention with its query tiles split over this many threads"
+        " (one BLAS thread each) against naive on as many BLAS threads (below 2: skip)",
+    )
     args = p.parse_args(argv)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -79,13 +88,46 @@ def blas_limit(threads: int | None):
         yield
 
 
-def thread_settings(requested: list[int]) -> tuple[list[int | None], str | None]:
-    """The BLAS settings to time under; without threadpoolctl only the configured one."""
+@dataclass(frozen=True)
+class Mode:
+    """One way to use the cores while timing: BLAS threads for each version, query-tile workers."""
+
+    label: str
+    naive_blas: int | None  # None: the BLAS as configured
+    tiled_blas: int | None
+    workers: int = 1  # threads each taking a share of the query tiles
+
+
+def timing_modes(blas_threads: list[int], workers: int) -> tuple[list[Mode], str | None]:
+    """The modes to time under; without threadpoolctl only the BLAS as configured."""
     try:
         import threadpoolctl  # noqa: F401
     except ImportError:
-        return [None], "threadpoolctl is not installed: timings use the BLAS as configured"
-    return list(requested), None
+        note = "threadpoolctl is not installed: timings use the BLAS as configured"
+        return [Mode("BLAS as configured", None, None)], note
+    modes = [Mode(f"{n} BLAS thread{'s' * (n > 1)}", n, n) for n in blas_threads]
+    if workers >= 2:
+        modes.append(Mode(f"{workers} query-tile threads", workers, 1, workers))
+    return modes, None
+
+
+def tiled_parallel(q, k, v, Br: int, Bc: int, workers: int) -> np.ndarray:
+    """``tiled_attention`` with its query tiles shared among ``workers`` threads.
+
+    FlashAttention-2's outer loop runs over query tiles that share nothing, so
+    they can run at the same time (on a GPU, one thread block each). Here each
+    thread takes a contiguous run of whole query tiles; NumPy releases the GIL
+    inside its kernels, so the threads really run in parallel. The result is
+    bit for bit that of ``tiled_attention``: the same tiles, in the same order.
+    """
+    tiles = -(-q.shape[-2] // Br)
+    bounds = [min(Br * (tiles * i // workers), q.shape[-2]) for i in range(workers + 1)]
+
+    def rows(a: int, b: int) -> np.ndarray:
+        return tiled_attention(q[..., a:b, :], k, v, block_q=Br, block_k=Bc)
+
+    with ThreadPoolExecutor(workers) as pool:
+        return np.concatenate(list(pool.map(rows, bounds[:-1], bounds[1:])), axis=-2)
 
 
 def repeats_for(N: int, repeats: int) -> int:
@@ -219,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     Br, Bc = args.block_q, args.block_k
     sweep_steps = len(SWEEP_BLOCKS) if args.sweep_n else 0
-    n_settings = len(thread_settings(args.blas_threads)[0])
+    modes, why_not = timing_modes(args.blas_threads, args.workers)
     progress = Progress(
-        1 + sweep_steps + (2 + n_settings) * len(args.sizes) + (2 if args.big else 0)
+        1 + sweep_steps + (2 + len(modes)) * len(args.sizes) + (2 if args.big else 0)
     )
 
     for line in machine():
@@ -243,27 +285,26 @@ def main(argv: list[str] | None = None) -> int:
         "  should stay in cache, or tiling loses its point. The library's default 64 x 64 is\n"
         "  sized for reading the code, not for NumPy speed; the sweep shows the trade-off."
     )
-    settings, why_not = thread_settings(args.blas_threads)
-    label = {None: "as configured"} | {n: f"{n} BLAS thread{'s' * (n > 1)}" for n in settings}
+    first = modes[0]  # the sweep and the large-N row run under the first mode
     if args.sweep_n:
-        with blas_limit(settings[0]):
+        with blas_limit(first.tiled_blas):
             lines = sweep(args.sweep_n, (Br, Bc), progress)
-        lines[0] = lines[0].replace(":", f", {label[settings[0]]}:", 1)
+        lines[0] = lines[0].replace(":", f", {first.label}:", 1)
         for line in lines:
             print(line)
 
     if why_not:
         print(f"note: {why_not}")
-    time_cols = "".join(f" {'naive ms':>9} {'tiled ms':>9} {'tiled/naive':>11}" for _ in settings)
+    time_cols = "".join(f" {'naive ms':>9} {'tiled ms':>9} {'tiled/naive':>11}" for _ in modes)
     header = (
         f"{'N':>6}{time_cols} {'naive MiB':>10} {'tiled MiB':>10} {'naive/tiled':>12}"
         f" {'runs':>5} {'rel diff':>9}"
     )
-    groups = "".join(f" {'-- ' + label[n] + ' ':-<31}" for n in settings)
+    groups = "".join(f" {'-- ' + m.label + ' ':-<31}" for m in modes)
     print("\n" + f"{'':>6}{groups}")
     print(header)
     print("-" * len(header))
-    ratios = {n: {} for n in settings}  # tiled/naive per setting and N, for the verdict
+    ratios = {m: {} for m in modes}  # tiled/naive per mode and N, for the verdict
     bytes_per_score = None  # naive's measured peak / N^2 at the largest N measured
     for N in args.sizes:
         q, k, v = one_head(N)
@@ -273,16 +314,21 @@ def main(argv: list[str] | None = None) -> int:
         O_naive, O_tiled = naive(), tiled()  # warm-up; kept to check agreement
         rel_diff = float(np.abs(O_tiled - O_naive).max() / np.abs(O_naive).max())
         cells = ""
-        for n in settings:
-            progress(f"time naive and tiled N={N}, {label[n]} ({runs} runs each, alternating)")
-            with blas_limit(n):
-                naive(), tiled()  # warm-up under this setting
-                t_naive, t_tiled = [], []
-                for _ in range(runs):
+        for m in modes:
+            progress(f"time naive and tiled N={N}, {m.label} ({runs} runs each, alternating)")
+            tiled_m = tiled
+            if m.workers > 1:
+                tiled_m = functools.partial(tiled_parallel, q, k, v, Br, Bc, m.workers)
+                if not np.array_equal(tiled_m(), O_tiled):  # the same tiles: the same bits
+                    raise RuntimeError("tiled_parallel differs from tiled_attention")
+            t_naive, t_tiled = [], []
+            for _ in range(runs + 1):  # the first round warms up this mode
+                with blas_limit(m.naive_blas):
                     t_naive.append(timed(naive)[0])
-                    t_tiled.append(timed(tiled)[0])
-            tn, tt = statistics.median(t_naive), statistics.median(t_tiled)
-            ratios[n][N] = tt / tn
+                with blas_limit(m.tiled_blas):
+                    t_tiled.append(timed(tiled_m)[0])
+            tn, tt = statistics.median(t_naive[1:]), statistics.median(t_tiled[1:])
+            ratios[m][N] = tt / tn
             cells += f" {tn * 1e3:>9.1f} {tt * 1e3:>9.1f} {tt / tn:>11.2f}"
         progress(f"peak memory naive N={N}")
         mn = peak_bytes(naive)
@@ -298,18 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.big:
         N = args.big
         q, k, v = one_head(N)
-        progress(f"time tiled N={N}, {label[settings[0]]} (1 run; the code path is warm)")
-        with blas_limit(settings[0]):
+        progress(f"time tiled N={N}, {first.label} (1 run; the code path is warm)")
+        with blas_limit(first.tiled_blas):
             t_big, _ = timed(lambda: tiled_attention(q, k, v, block_q=Br, block_k=Bc))
         progress(f"peak memory tiled N={N}")
         m_big = peak_bytes(lambda: tiled_attention(q, k, v, block_q=Br, block_k=Bc))
         cells = f" {'-':>9} {t_big * 1e3:>9.1f} {'-':>11}" + f" {'-':>9} {'-':>9} {'-':>11}" * (
-            len(settings) - 1
+            len(modes) - 1
         )
         print(f"{N:>6}{cells} {'-':>10} {fmt_mib(m_big):>10} {'-':>12} {1:>5} {'-':>9}")
         s_bytes = N * N * np.dtype(DTYPE).itemsize
         print(
-            f"\nN = {N:,}: tiled attention took {t_big:.1f} s ({label[settings[0]]}) and peaked"
+            f"\nN = {N:,}: tiled attention took {t_big:.1f} s ({first.label}) and peaked"
             f" at {fmt_bytes(m_big)}."
         )
         print(f"The naive score matrix S alone would need {N:,}^2 x 4 B = {fmt_bytes(s_bytes)}.")
@@ -322,21 +368,24 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     print()
-    for n in settings:
-        big = {N: r for N, r in ratios[n].items() if N >= 4096}
+    for m in modes:
+        big = {N: r for N, r in ratios[m].items() if N >= 4096}
         if big:
             worst = max(big.values())
             verdict = "tiled no slower than naive" if worst <= 1.0 else "tiled SLOWER than naive"
             shown = ", ".join(f"{r:.2f} at N = {N}" for N, r in big.items())
-            print(f"{label[n]}: tiled/naive {shown}: {verdict}")
+            print(f"{m.label}: tiled/naive {shown}: {verdict}")
 
     try:
         print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     except OSError:
         pass
     print(
-        "Times: median of the runs shown, after one warm-up call, under each BLAS thread"
-        " setting\n(threadpoolctl); naive and tiled calls alternate.\n"
+        "Times: median of the runs shown, after one warm-up round, in each mode; naive and"
+        " tiled calls\nalternate. 'n BLAS threads': both versions with the BLAS limited to n"
+        " threads\n(threadpoolctl). 'n query-tile threads': naive on n BLAS threads against"
+        " tiled with\nits query tiles split over n threads of one BLAS thread each"
+        " (FlashAttention-2's parallelism).\n"
         "Memory: tracemalloc peak during one separate call (NumPy's arrays; BLAS's small\n"
         "internal buffers are not traced). rel diff: max|tiled - naive| / max|naive|, from"
         " the warm-up calls."
