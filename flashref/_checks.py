@@ -54,15 +54,12 @@ def check_scale(scale, d: int) -> float:
     return float(scale)
 
 
-def check_qkv(q, k, v):
-    """Validate attention inputs; return them as arrays plus the output dtype.
+def check_shapes(q, k, v) -> None:
+    """The shape rules of attention, for any arrays with a ``.shape`` (NumPy or CuPy).
 
-    Shapes: q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) with identical
-    leading (batch/head) dimensions: no broadcasting, no grouped heads.
+    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) with identical leading
+    (batch/head) dimensions: no broadcasting, no grouped heads; d >= 1.
     """
-    q = as_float_array(q, "q")
-    k = as_float_array(k, "k")
-    v = as_float_array(v, "v")
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim < 2:
             raise ValueError(
@@ -84,6 +81,17 @@ def check_qkv(q, k, v):
         raise ValueError(
             f"v has shape {v.shape} but k has {k.shape[-2]} keys; v must be (..., Nk, dv)"
         )
+
+
+def check_qkv(q, k, v):
+    """Validate attention inputs; return them as arrays plus the output dtype.
+
+    Float16/32/64 arrays with the shapes of ``check_shapes``.
+    """
+    q = as_float_array(q, "q")
+    k = as_float_array(k, "k")
+    v = as_float_array(v, "v")
+    check_shapes(q, k, v)
     out_dtype = np.result_type(q.dtype, k.dtype, v.dtype)
     return q, k, v, out_dtype
 

@@ -24,6 +24,8 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._checks import check_shapes
+
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 INSTALL_HINT = (
@@ -185,21 +187,10 @@ def _check_version(version, dtype: str, d: int) -> Version:
 def _check_inputs(q, k, v, causal, scale):
     """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
             raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
-        if len(x.shape) < 2:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected (..., N, d)")
-    if not (len(q.shape) == len(k.shape) == len(v.shape)):
-        raise ValueError(f"q, k, v must have the same rank; got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
-        raise ValueError(
-            f"leading (batch/head) dimensions must be equal: q {q.shape}, k {k.shape}, v {v.shape}"
-        )
+    check_shapes(q, k, v)  # the same shape rules, and messages, as the NumPy functions
     d = q.shape[-1]
-    if k.shape[-1] != d:
-        raise ValueError(f"k has shape {k.shape} but q has head dim {d}")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v has shape {v.shape} but k has {k.shape[-2]} keys")
     if v.shape[-1] != d:
         raise ValueError(
             f"v has shape {v.shape}; these kernels need v's head dim equal to q's, {d}"
