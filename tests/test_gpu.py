@@ -29,11 +29,13 @@ pytestmark = pytest.mark.gpu
 #  fp16 output: each element is rounded once to fp16 (relative 2^-11 ~ 4.9e-4); 1e-3 is two such.
 #  fp32 output: __expf's error grows with |x| (2 + 1.2|x| ulp); for the scores that carry the
 #  weight, |x| <= ~10 gives <= 14 ulp ~ 1.7e-6 relative, so 2e-6.
-FLOOR = {"float16": 1e-3, "float32": 2e-6}
+#  bf16 output: 8 mantissa bits (relative 2^-8 ~ 3.9e-3 per rounding); 8e-3 is two such.
+FLOOR = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 2e-6}
 # Ceilings: whatever the naive error, the kernel must stay under these. fp16: inputs to the
 # second product (P) are rounded to fp16 (2^-11) and so is O: ~1e-3 typical; 4e-3 leaves room
 # for long rows. fp32: the fp32 arithmetic lands far under 1e-5.
-CEILING = {"float16": 4e-3, "float32": 1e-5}
+# bf16: the same reasoning with 2^-8 in place of 2^-11: 3.2e-2 (8 roundings).
+CEILING = {"float16": 4e-3, "bfloat16": 3.2e-2, "float32": 1e-5}
 # lse: float32 log(l) + m from fp32 scores; |lse| ~ log(Nk) + max score <= ~15, whose fp32 ulp
 # is ~1e-6; scores are sums of d products (rounding ~ sqrt(d) ulp): 2e-5 (1 + |lse|) covers it.
 LSE_TOL = 2e-5
@@ -56,6 +58,17 @@ def _versions():
     return list(VERSIONS.values())
 
 
+def _version_dtypes():
+    """(version, dtype) for every dtype every version takes: fp16 and bf16 for tensor cores."""
+    return [(v, dt) for v in _versions() for dt in v.dtypes]
+
+
+def _host(dtype: str):
+    from flashref.gpu.selfcheck import host_dtype
+
+    return host_dtype(dtype)
+
+
 @pytest.fixture(scope="module")
 def cp():
     from flashref.gpu import _require_gpu
@@ -68,9 +81,10 @@ def _case(dtype: str, lead, Nq, Nk, d, causal):
     """Inputs (numpy, rounded to dtype), float64 reference (O, lse), seeded per case."""
     seed = zlib.crc32(repr((dtype, lead, Nq, Nk, d, causal)).encode())  # stable across runs
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((*lead, Nq, d)).astype(dtype)
-    k = rng.standard_normal((*lead, Nk, d)).astype(dtype)
-    v = rng.standard_normal((*lead, Nk, d)).astype(dtype)
+    dt = _host(dtype)  # bfloat16 is ml_dtypes.bfloat16, as CuPy holds it
+    q = rng.standard_normal((*lead, Nq, d)).astype(np.float32).astype(dt)
+    k = rng.standard_normal((*lead, Nk, d)).astype(np.float32).astype(dt)
+    v = rng.standard_normal((*lead, Nk, d)).astype(np.float32).astype(dt)
     ref, ref_lse = naive_attention(
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
         causal=causal, return_lse=True,
@@ -79,15 +93,31 @@ def _case(dtype: str, lead, Nq, Nk, d, causal):
 
 
 def _naive_same_precision(cp, q, k, v, causal):
-    """matmul, softmax, matmul entirely in q's dtype on the GPU (the 2x baseline)."""
+    """matmul, softmax, matmul in q's precision on the GPU (the 2x baseline).
+
+    fp16 and fp32 run in that dtype with CuPy's own kernels. CuPy's bfloat16 support does not
+    cover every operation used here, so for bf16 the same steps run in fp32 and every
+    intermediate a bf16 implementation would store (S, P, O) is rounded to bf16.
+    """
     d, Nq, Nk = q.shape[-1], q.shape[-2], k.shape[-2]
-    S = (q @ cp.swapaxes(k, -1, -2)) * q.dtype.type(1.0 / np.sqrt(d))  # (..., Nq, Nk)
+    if str(q.dtype) == "bfloat16":
+
+        def rnd(x):
+            return x.astype(q.dtype).astype(cp.float32)
+
+        q, k, v = (x.astype(cp.float32) for x in (q, k, v))
+    else:
+
+        def rnd(x):
+            return x
+
+    S = rnd((q @ cp.swapaxes(k, -1, -2)) * float(1.0 / np.sqrt(d)))  # (..., Nq, Nk)
     if causal:
         S = cp.where(cp.arange(Nk)[None, :] <= cp.arange(Nq)[:, None], S, -cp.inf)
-    S = S - S.max(axis=-1, keepdims=True)
-    P = cp.exp(S)
-    P = P / P.sum(axis=-1, keepdims=True)
-    return P.astype(q.dtype) @ v  # (..., Nq, d)
+    S = rnd(S - S.max(axis=-1, keepdims=True))
+    P = rnd(cp.exp(S))
+    P = rnd(P / P.sum(axis=-1, keepdims=True))
+    return rnd(P.astype(q.dtype) @ v)  # (..., Nq, d)
 
 
 def _rel_err(out, ref):
@@ -98,7 +128,7 @@ def _rel_err(out, ref):
 def _run(cp, ver, q, k, v, causal):
     from flashref.gpu._launch import launch
 
-    O = cp.full(q.shape, np.nan, dtype=q.dtype)  # poisoned: an unwritten element stays NaN
+    O = cp.full(q.shape, np.nan, dtype=cp.float32).astype(q.dtype)  # poisoned: NaN if unwritten
     lse = cp.full(q.shape[:-1], np.nan, dtype=cp.float32)
     launch(ver, cp.asarray(q), cp.asarray(k), cp.asarray(v), O, lse,
            causal=causal, scale=1.0 / np.sqrt(q.shape[-1]))  # fmt: skip
@@ -108,9 +138,11 @@ def _run(cp, ver, q, k, v, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("lead,Nq,Nk", SHAPES)
-@pytest.mark.parametrize("ver", _versions(), ids=lambda v: f"v{v.number}")
-def test_version_matches_float64(cp, ver, lead, Nq, Nk, d, causal):
-    q, k, v, ref, ref_lse = _case(ver.dtype, lead, Nq, Nk, d, causal)
+@pytest.mark.parametrize(
+    "ver,dtype", _version_dtypes(), ids=[f"v{v.number}-{dt}" for v, dt in _version_dtypes()]
+)
+def test_version_matches_float64(cp, ver, dtype, lead, Nq, Nk, d, causal):
+    q, k, v, ref, ref_lse = _case(dtype, lead, Nq, Nk, d, causal)
     O, lse = _run(cp, ver, q, k, v, causal)
     out, got_lse = cp.asnumpy(O), cp.asnumpy(lse)
     assert not np.isnan(out).any(), "O has NaN: some element was never written"
@@ -120,31 +152,34 @@ def test_version_matches_float64(cp, ver, lead, Nq, Nk, d, causal):
         cp.asnumpy(_naive_same_precision(cp, cp.asarray(q), cp.asarray(k), cp.asarray(v), causal)),
         ref,
     )
-    tol = min(2 * naive_err + FLOOR[ver.dtype], CEILING[ver.dtype])
-    assert err <= tol, f"rel err {err:.3e} > {tol:.3e} (naive {ver.dtype}: {naive_err:.3e})"
+    tol = min(2 * naive_err + FLOOR[dtype], CEILING[dtype])
+    assert err <= tol, f"rel err {err:.3e} > {tol:.3e} (naive {dtype}: {naive_err:.3e})"
     lse_err = np.abs(got_lse.astype(np.float64) - ref_lse) / (1 + np.abs(ref_lse))
     assert lse_err.max() <= LSE_TOL, f"lse rel err {lse_err.max():.3e}"
 
 
-@pytest.mark.parametrize("ver", _versions(), ids=lambda v: f"v{v.number}")
-def test_same_inputs_same_bits(cp, ver):
-    q, k, v, _, _ = _case(ver.dtype, (2, 3), 1000, 1000, 64, True)
+@pytest.mark.parametrize(
+    "ver,dtype", _version_dtypes(), ids=[f"v{v.number}-{dt}" for v, dt in _version_dtypes()]
+)
+def test_same_inputs_same_bits(cp, ver, dtype):
+    q, k, v, _, _ = _case(dtype, (2, 3), 1000, 1000, 64, True)
     O1, lse1 = _run(cp, ver, q, k, v, True)
     O2, lse2 = _run(cp, ver, q, k, v, True)
     assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O2).tobytes()
     assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_public_api_default_version_out_and_lse(cp, dtype):
     from flashref.gpu import flash_attention
 
     q, k, v, ref, ref_lse = _case(dtype, (2, 3), 17, 17, 64, True)
-    out = cp.full(q.shape, np.nan, dtype=dtype)
+    out = cp.full(q.shape, np.nan, dtype=cp.float32).astype(q.dtype)
     O, lse = flash_attention(
         cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True, return_lse=True, out=out
     )
-    assert O is out and O.dtype == dtype and lse.dtype == np.float32 and lse.shape == q.shape[:-1]
+    assert O is out and str(O.dtype) == dtype and lse.dtype == np.float32
+    assert lse.shape == q.shape[:-1]
     assert _rel_err(cp.asnumpy(O), ref) <= CEILING[dtype]
     assert np.max(np.abs(cp.asnumpy(lse) - ref_lse)) <= LSE_TOL * 10
 
@@ -174,3 +209,18 @@ def test_fp32_versions_take_odd_head_dims(cp):
         q, k, v, ref, _ = _case("float32", (2,), 33, 70, 40, True)
         O, _ = _run(cp, VERSIONS[number], q, k, v, True)
         assert _rel_err(cp.asnumpy(O), ref) <= CEILING["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_tensors_in_and_out(cp, dtype):
+    torch = pytest.importorskip("torch")
+    from flashref.gpu import flash_attention
+
+    q, k, v, ref, ref_lse = _case(dtype, (2, 3), 100, 130, 64, False)
+    tq, tk, tv = (torch.from_dlpack(cp.asarray(x)) for x in (q, k, v))
+    O, lse = flash_attention(tq, tk, tv, return_lse=True)
+    assert isinstance(O, torch.Tensor) and O.dtype == getattr(torch, dtype) and O.is_cuda
+    assert _rel_err(cp.asnumpy(cp.from_dlpack(O)), ref) <= CEILING[dtype]
+    assert np.max(np.abs(cp.asnumpy(cp.from_dlpack(lse)) - ref_lse)) <= LSE_TOL * 10
+    with pytest.raises(TypeError, match="q is a torch tensor on cpu"):
+        flash_attention(tq.cpu(), tk, tv)

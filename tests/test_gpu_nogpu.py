@@ -103,7 +103,7 @@ def test_selfcheck_and_bench_report_missing_gpu(no_cupy, monkeypatch, tmp_path):
         ({"version": 5}, _inputs(shape=(1, 2, 16, 96)), ValueError, "head dim d=96"),
         ({}, _inputs(shape=(1, 2, 16, 80)), ValueError, "head dim d=80"),
         ({}, _inputs(shape=(1, 2, 16, 256), dtype="float32"), ValueError, "head dim d=256"),
-        ({}, _inputs("float64"), TypeError, "float16 and float32"),
+        ({}, _inputs("float64"), TypeError, "supports float16, bfloat16, float32"),
         ({"causal": 1}, _inputs(), TypeError, "causal must be a bool"),
         ({"scale": 0.0}, _inputs(), ValueError, "scale must be finite and nonzero"),
         ({"scale": float("nan")}, _inputs(), ValueError, "scale must be finite"),
@@ -139,13 +139,56 @@ def test_versions_table_is_complete():
         assert ver.number == number and ver.path.is_file(), ver.file
         assert f"flash_v{number}(" in ver.path.read_text()
         assert ver.path.read_text().startswith(f"// version {number}:")
-        assert ver.dtype in ("float16", "float32") and {64, 128} <= set(ver.head_dims)
+        assert ver.dtypes in (("float32",), ("float16", "bfloat16")) and {64, 128} <= set(
+            ver.head_dims
+        )
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
-    for key, order in fg.PREFERENCE.items():
-        dtype = key[0] if isinstance(key, tuple) else key
-        assert sorted(order) == sorted(n for n, v in fg.VERSIONS.items() if v.dtype == dtype)
+        assert '#include "' not in ver.source()  # headers pasted in, as NVRTC is given it
 
 
-def test_default_version_is_the_fastest_measured():
-    assert fg._check_version(None, "float16", 128).number == fg.PREFERENCE[("float16", 128)][0]
+def test_default_version_follows_the_table():
+    for (dtype, d, causal), number in fg.PREFERENCE.items():
+        assert dtype in fg.VERSIONS[number].dtypes
+        got = fg._check_version(None, dtype, d if d is not None else 40, causal)
+        assert got.number == number
+    for dtype in ("float16", "bfloat16"):
+        for d in (64, 128):
+            for causal in (False, True):
+                assert (dtype, d, causal) in fg.PREFERENCE
     assert fg._check_version(None, "float32", 40).number == 2
+
+
+def test_capability_is_checked_before_compiling():
+    class OldGPU:  # what CuPy says of a GPU of compute capability 7.5 (a T4)
+        compute_capability = "75"
+        id = 0
+
+    cuda = types.SimpleNamespace(
+        Device=lambda *a: OldGPU(),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"Tesla T4"}),
+    )
+    fake_cp = types.SimpleNamespace(cuda=cuda)
+    with pytest.raises(RuntimeError, match=r"version 14 .* needs compute capability 8\.0 .*"
+                                           r"\(Tesla T4\) has 7\.5"):  # fmt: skip
+        fg._check_capability(fake_cp, fg.VERSIONS[14])
+    fg._check_capability(fake_cp, fg.VERSIONS[1])  # plain CUDA: any GPU CuPy supports
+
+
+def test_default_versions_are_the_fastest_in_the_recorded_run():
+    """PREFERENCE says what results/gpu_bench.json says: per (dtype, d, causal), the version
+    with the highest median TFLOP/s over the sequence lengths of the recorded run."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    bench = json.loads((Path(__file__).parent.parent / "results" / "gpu_bench.json").read_text())
+    tflops = {}
+    for r in bench["rows"]:
+        if r["family"] == "flashref" and r["tflops"] and r["dtype"] == r["run_dtype"]:
+            tflops.setdefault((r["dtype"], r["d"], r["causal"]), {}).setdefault(
+                r["version"], []
+            ).append(r["tflops"])
+    assert tflops, "the recorded run has no 16-bit flashref rows"
+    for key, by_version in tflops.items():
+        medians = {v: statistics.median(t) for v, t in by_version.items()}
+        assert fg.PREFERENCE[key] == max(medians, key=medians.get), key

@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
-from pathlib import Path
 
 from .._checks import check_shapes
-
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+from .versions import KERNEL_DIR, PREFERENCE, VERSIONS, Version
 
 INSTALL_HINT = (
     "install CuPy for your CUDA driver with pip install 'flashref[cuda12]' "
@@ -38,90 +35,9 @@ class GPUUnavailableError(RuntimeError):
     """Raised when a kernel is called on a machine without CuPy or without a CUDA GPU."""
 
 
-@dataclass(frozen=True)
-class Version:
-    """One kernel version: what it computes on, and how it is launched."""
+DTYPES = ("float16", "bfloat16", "float32")
 
-    number: int
-    name: str
-    dtype: str  # "float16" or "float32": inputs, outputs; accumulation is always float32
-    head_dims: tuple[int, ...]
-    summary: str
-    file: str  # under flashref/kernels/
-    Br: int  # query rows per thread block
-    threads: int  # threads per block
-
-    @property
-    def kernel(self) -> str:
-        return f"flash_v{self.number}"
-
-    @property
-    def path(self) -> Path:
-        return KERNEL_DIR / self.file
-
-    def smem_bytes(self, d: int) -> int:
-        """Dynamic shared memory per block, matching the layout in the .cu file."""
-        if self.number == 1:  # Q (Br, d+1), K and V (Bc, d), S (Br, Bc+1); Br = Bc = 32
-            return 4 * (32 * (d + 1) + 2 * 32 * d + 32 * 33)
-        if self.number == 2:  # Q, K (64, d+1), V (64, d), S (64, 65), m, l, alpha (64,)
-            return 4 * (2 * 64 * (d + 1) + 64 * d + 64 * 65 + 3 * 64)
-        if self.number == 3:  # Q (Br, d), K and V (64, d), fp16
-            return 2 * (self.Br + 2 * 64) * d
-        if self.number == 4:  # the same with rows padded to d + 8
-            return 2 * (self.Br + 2 * 64) * (d + 8)
-        Bc = 32 if self.number >= 9 and d > 64 else 64
-        stages = 3 if self.number >= 11 else 2  # buffers each of K and V
-        return 2 * (self.Br + 2 * stages * Bc) * (d + 8)
-
-
-_FP32_DIMS = tuple(range(1, 129))
-_TC_DIMS = (64, 128)
-
-VERSIONS: dict[int, Version] = {
-    v.number: v
-    for v in (
-        Version(1, "scalar", "float32", _FP32_DIMS,
-                "one thread per query row, K/V tiles in shared memory", "v1_scalar.cu", 32, 32),
-        Version(2, "fa2_fp32", "float32", _FP32_DIMS,
-                "FA-2 loop order: 8 warps share a 64 x 64 score tile, register blocking",
-                "v2_fa2_fp32.cu", 64, 256),
-        Version(3, "mma", "float16", _TC_DIMS,
-                "tensor cores: mma.sync m16n8k16 + ldmatrix, softmax on fragments",
-                "v3_mma.cu", 64, 128),
-        Version(4, "padded", "float16", _TC_DIMS,
-                "v3 + shared-memory rows padded by 8 halves (no ldmatrix bank conflicts)",
-                "v4_padded.cu", 64, 128),
-        Version(5, "cp_async", "float16", _TC_DIMS,
-                "v4 + cp.async copies, double-buffered K/V tiles", "v5_cp_async.cu", 64, 128),
-        Version(6, "exp2", "float16", _TC_DIMS,
-                "v5 + ex2.approx with scale*log2(e) folded into one FMA", "v6_exp2.cu", 64, 128),
-        Version(7, "q_regs", "float16", _TC_DIMS,
-                "v6 + Q fragments loaded into registers once", "v7_q_regs.cu", 64, 128),
-        Version(8, "br128", "float16", _TC_DIMS,
-                "v7 with Br = 128 rows per block (8 warps)", "v8_br128.cu", 128, 256),
-        Version(9, "warp32rows", "float16", _TC_DIMS,
-                "v6 with 32 rows per warp (4 warps, Br = 128): each K/V fragment feeds 2 mma",
-                "v9_warp32rows.cu", 128, 128),
-        Version(10, "causal_order", "float16", _TC_DIMS,
-                "v9 with the longest causal query blocks launched first",
-                "v10_causal_order.cu", 128, 128),
-        Version(11, "three_stage", "float16", _TC_DIMS,
-                "v10 with three K/V buffers: copies two tiles ahead, one barrier per tile",
-                "v11_three_stage.cu", 128, 128),
-    )
-}  # fmt: skip
-
-# version=None picks the first version in this order that supports the dtype and head dim,
-# ordered by TFLOP/s measured on the H200 at N = 4096 (python -m flashref.bench gpu), fastest
-# first; a (dtype, d) entry overrides the dtype's. Versions 9 and 10 differ by less than the
-# spread between two runs (each came first in some cases); 10 leads because it does the same
-# work as 9 and only reorders the causal query blocks.
-PREFERENCE: dict = {
-    ("float16", 64): (10, 9, 11, 8, 6, 7, 5, 4, 3),
-    ("float16", 128): (10, 9, 11, 6, 5, 4, 8, 7, 3),
-    "float16": (10, 9, 11, 6, 8, 7, 5, 4, 3),
-    "float32": (2, 1),
-}
+DTYPES = ("float16", "bfloat16", "float32")
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -156,15 +72,16 @@ def _require_gpu():
     return cupy
 
 
-def _check_version(version, dtype: str, d: int) -> Version:
+def _check_version(version, dtype: str, d: int, causal: bool = False) -> Version:
     if version is None:
-        order = PREFERENCE.get((dtype, d), PREFERENCE.get(dtype, ()))
-        for number in order:
-            if d in VERSIONS[number].head_dims:
-                return VERSIONS[number]
-        dims = sorted({x for n in order for x in VERSIONS[n].head_dims})
+        number = PREFERENCE.get((dtype, d, causal))
+        if number is None and dtype == "float32" and d in VERSIONS[2].head_dims:
+            number = PREFERENCE[("float32", None, causal)]  # any d the fp32 kernels take
+        if number is not None:
+            return VERSIONS[number]
+        dims = sorted({x for v in VERSIONS.values() if dtype in v.dtypes for x in v.head_dims})
         if not dims:
-            raise ValueError(f"q has dtype {dtype}; flashref.gpu supports float16 and float32")
+            raise ValueError(f"q has dtype {dtype}; flashref.gpu supports {', '.join(DTYPES)}")
         text = f"{dims[0]}..{dims[-1]}" if len(dims) > 8 else ", ".join(map(str, dims))
         raise ValueError(f"q has head dim d={d}; the {dtype} kernels support d in {text}")
     if isinstance(version, bool) or not isinstance(version, numbers.Integral):
@@ -172,11 +89,11 @@ def _check_version(version, dtype: str, d: int) -> Version:
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {sorted(VERSIONS)} or None, got {version}")
     v = VERSIONS[int(version)]
-    if dtype != v.dtype:
-        others = [n for n, w in VERSIONS.items() if w.dtype == dtype]
+    if dtype not in v.dtypes:
+        others = [n for n, w in VERSIONS.items() if dtype in w.dtypes]
         raise ValueError(
-            f"version {v.number} ({v.name}) takes {v.dtype} inputs but q is {dtype}; "
-            f"use version {others} or convert with q.astype('{v.dtype}')"
+            f"version {v.number} ({v.name}) takes {' or '.join(v.dtypes)} inputs but q is "
+            f"{dtype}; use version {others} or convert with q.astype('{v.dtypes[0]}')"
         )
     if d not in v.head_dims:
         dims = f"{v.head_dims[0]}..{v.head_dims[-1]}" if len(v.head_dims) > 8 else v.head_dims
@@ -184,25 +101,48 @@ def _check_version(version, dtype: str, d: int) -> Version:
     return v
 
 
+def _check_capability(cp, ver: Version) -> None:
+    """The version's instructions must exist on this GPU: a clear error, not an NVRTC failure."""
+    dev = cp.cuda.Device()
+    cc = tuple(int(c) for c in divmod(int(dev.compute_capability), 10))
+    if cc < ver.min_cc:
+        name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+        raise RuntimeError(
+            f"version {ver.number} ({ver.name}) needs compute capability "
+            f"{ver.min_cc[0]}.{ver.min_cc[1]} or higher; this GPU ({name}) has {cc[0]}.{cc[1]}"
+        )
+
+
+def _dtype_name(x) -> str:
+    """'float16', 'bfloat16', ... for CuPy arrays and torch tensors alike."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
 def _check_inputs(q, k, v, causal, scale):
     """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
-            raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
+            raise TypeError(
+                f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
+            )
     check_shapes(q, k, v)  # the same shape rules, and messages, as the NumPy functions
     d = q.shape[-1]
     if v.shape[-1] != d:
         raise ValueError(
-            f"v has shape {v.shape}; these kernels need v's head dim equal to q's, {d}"
+            f"v has shape {tuple(v.shape)}; these kernels need v's head dim equal to q's, {d}"
         )
-    dtypes = {str(x.dtype) for x in (q, k, v)}
+    dtypes = {_dtype_name(x) for x in (q, k, v)}
     if len(dtypes) != 1:
         raise TypeError(
             f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype} (no implicit casts)"
         )
     dtype = dtypes.pop()
-    if dtype not in ("float16", "float32"):
-        raise TypeError(f"q has dtype {dtype}; flashref.gpu supports float16 and float32")
+    if dtype not in DTYPES:
+        raise TypeError(f"q has dtype {dtype}; flashref.gpu supports {', '.join(DTYPES)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if scale is None:
@@ -215,39 +155,55 @@ def _check_inputs(q, k, v, causal, scale):
     return dtype, d, scale
 
 
+def _to_cupy(cp, x, name: str):
+    """A CuPy view of ``x``: a CuPy array as it is, a torch CUDA tensor through DLPack (no copy)."""
+    if isinstance(x, cp.ndarray):
+        return x
+    if _is_torch(x):
+        if not x.is_cuda:
+            raise TypeError(f"{name} is a torch tensor on {x.device}; move it to the GPU first")
+        return cp.from_dlpack(x.detach())
+    raise TypeError(
+        f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__} "
+        "(use cupy.asarray)"
+    )
+
+
 def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_lse=False, out=None):
     """Attention ``softmax(scale * Q K^T) V`` on the GPU, tiled FlashAttention style.
 
     Args:
-        q: cupy array (..., Nq, d); k: (..., Nk, d); v: (..., Nk, d); one dtype,
-            float16 (tensor-core versions) or float32 (versions 1 and 2).
+        q: (..., Nq, d); k: (..., Nk, d); v: (..., Nk, d); CuPy arrays or torch CUDA tensors
+            (taken through DLPack without a copy), one dtype: float16 or bfloat16 (the
+            tensor-core versions) or float32 (versions 1 and 2). CuPy holds bfloat16 as
+            ``ml_dtypes.bfloat16``.
         causal: top-left causal mask (query i sees keys j <= i).
         scale: score scale, default ``1/sqrt(d)``; finite and nonzero.
         version: a key of ``VERSIONS``, or None for the fastest that supports
             the dtype and head dim.
         return_lse: also return ``lse (..., Nq)`` in float32.
-        out: optional contiguous cupy array (..., Nq, d) of q's dtype to write O into.
+        out: optional contiguous array (..., Nq, d) of q's dtype and kind to write O into.
 
-    Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``.
+    Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
     dtype, d, scale = _check_inputs(q, k, v, causal, scale)
-    ver = _check_version(version, dtype, d)
+    ver = _check_version(version, dtype, d, causal)
     cp = _require_gpu()
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, cp.ndarray):
-            raise TypeError(
-                f"{name} must be a cupy.ndarray, got {type(x).__name__} (use cupy.asarray)"
-            )
+    torch_in = _is_torch(q)
+    q, k, v = (_to_cupy(cp, x, name) for name, x in (("q", q), ("k", k), ("v", v)))
+    _check_capability(cp, ver)
     lead, Nq = tuple(q.shape[:-2]), q.shape[-2]
     if out is not None:
-        if not isinstance(out, cp.ndarray) or out.shape != (*lead, Nq, d) or out.dtype != q.dtype:
+        usable = _is_torch(out) or isinstance(out, cp.ndarray)
+        out_cp = _to_cupy(cp, out, "out") if usable else None
+        if out_cp is None or out_cp.shape != (*lead, Nq, d) or out_cp.dtype != q.dtype:
             raise ValueError(
-                f"out must be a cupy array of shape {(*lead, Nq, d)} and dtype {dtype}, got "
+                f"out must be an array of shape {(*lead, Nq, d)} and dtype {dtype}, got "
                 f"{type(out).__name__} {getattr(out, 'shape', '')} {getattr(out, 'dtype', '')}"
             )
-        if not out.flags.c_contiguous:
+        if not out_cp.flags.c_contiguous:
             raise ValueError("out must be C-contiguous")
-        O = out
+        O = out_cp
     else:
         O = cp.empty((*lead, Nq, d), dtype=q.dtype)
     lse = cp.empty((*lead, Nq), dtype=cp.float32)
@@ -255,11 +211,20 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     from ._launch import launch
 
     launch(ver, q, k, v, O, lse, causal=causal, scale=scale)
+    if torch_in:
+        import torch
+
+        O_t = out if out is not None else torch.from_dlpack(O)
+        return (O_t, torch.from_dlpack(lse)) if return_lse else O_t
+    if out is not None:
+        O = out
     return (O, lse) if return_lse else O
 
 
 __all__ = [
+    "DTYPES",
     "GPUUnavailableError",
+    "KERNEL_DIR",
     "PREFERENCE",
     "VERSIONS",
     "Version",

@@ -1,34 +1,37 @@
 """Compiling the .cu files with NVRTC (through CuPy) and launching them.
 
 Imported only after ``flashref.gpu`` has checked that CuPy and a GPU are there.
-Each (version, head dim, device) is compiled once per process, with
-``-DHEAD_DIM=d`` so that every loop over d has a compile-time trip count; CuPy
-also keeps the resulting cubin in its on-disk cache (``~/.cupy/kernel_cache``,
-or ``$CUPY_CACHE_DIR``), so a later process skips NVRTC but still loads the module.
+Each (version, head dim, dtype, device) is compiled once per process, with
+``-DHEAD_DIM=d`` so that every loop over d has a compile-time trip count (and
+``-DFLASHREF_BF16`` for bfloat16); CuPy also keeps the resulting cubin in its
+on-disk cache (``~/.cupy/kernel_cache``, or ``$CUPY_CACHE_DIR`` if it is set
+before CuPy is imported), so a later process skips NVRTC but still loads the module.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import cupy as cp
 import numpy as np
 
-NVRTC_OPTIONS = ("--std=c++17",)  # CuPy adds -arch=sm_XY for the current device
+# CuPy adds -arch=sm_XY for the current device. FLASHREF_NVRTC_FLAGS adds more, for example
+# -lineinfo, which lets Nsight Compute's source view map SASS back to .cu lines.
+NVRTC_OPTIONS = ("--std=c++17", *os.environ.get("FLASHREF_NVRTC_FLAGS", "").split())
 MAX_GRID_Y = 65535  # blockIdx.y runs over batch*heads
 DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 
-_functions: dict[tuple[int, int, int], cp.RawKernel] = {}
+_functions: dict[tuple[int, int, str, int], cp.RawKernel] = {}
 
 
-def get_function(ver, d: int):
-    """The compiled kernel of version ``ver`` for head dim ``d`` on the current device."""
-    key = (ver.number, d, cp.cuda.Device().id)
+def get_function(ver, d: int, dtype: str | None = None):
+    """The compiled kernel of version ``ver`` for head dim ``d`` and ``dtype`` on this device."""
+    dtype = dtype or ver.dtype
+    key = (ver.number, d, dtype, cp.cuda.Device().id)
     fn = _functions.get(key)
     if fn is None:
-        module = cp.RawModule(
-            code=ver.path.read_text(), options=(*NVRTC_OPTIONS, f"-DHEAD_DIM={d}")
-        )
+        module = cp.RawModule(code=ver.source(), options=(*NVRTC_OPTIONS, *ver.defines(d, dtype)))
         fn = module.get_function(ver.kernel)
         smem = ver.smem_bytes(d)
         if smem > DEFAULT_SMEM:
@@ -63,11 +66,12 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     q3 = _as_kernel_input(q, (BH, Nq, d))  # (B*H, Nq, d)
     k3 = _as_kernel_input(k, (BH, Nk, d))  # (B*H, Nk, d)
     v3 = _as_kernel_input(v, (BH, Nk, d))  # (B*H, Nk, d)
-    if ver.dtype == "float16" and scale < 0:
-        q3, scale = -q3, -scale  # tensor-core kernels take the row max of raw scores: scale > 0
+    if q3.dtype.itemsize == 2 and scale < 0:  # tensor-core kernels take the row max of raw
+        q3 = (q3.view(cp.uint16) ^ np.uint16(0x8000)).view(q3.dtype)  # scores: flip q's sign
+        scale = -scale
     O3 = O.reshape(BH, Nq, d)  # views: O and lse are contiguous
     lse2 = lse.reshape(BH, Nq)
-    fn = get_function(ver, d)
+    fn = get_function(ver, d, str(q.dtype))
     smem = ver.smem_bytes(d)
     Tr = (Nq + ver.Br - 1) // ver.Br
     for b0 in range(0, BH, MAX_GRID_Y):

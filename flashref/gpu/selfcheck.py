@@ -20,23 +20,33 @@ from flashref import naive_attention
 
 from . import VERSIONS, _require_gpu
 
-LIMIT = {"float16": 1e-2, "float32": 1e-4}  # loose: this is a smoke test; tests/ is strict
+LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
 
 
-def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0):
-    """Relative error of O and max abs error of lse for one version and shape."""
+def host_dtype(name: str):
+    """The NumPy dtype for a kernel dtype name; bfloat16 comes from ml_dtypes (as in CuPy)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0, dtype: str | None = None):
+    """Relative error of O and max abs error of lse for one version, dtype and shape."""
     cp = _require_gpu()
     from ._launch import launch  # imports CuPy
 
+    dt = host_dtype(dtype or ver.dtype)
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((*shape_q, d)).astype(ver.dtype)
-    k = rng.standard_normal((*shape_k, d)).astype(ver.dtype)
-    v = rng.standard_normal((*shape_k, d)).astype(ver.dtype)
+    q = rng.standard_normal((*shape_q, d)).astype(np.float32).astype(dt)
+    k = rng.standard_normal((*shape_k, d)).astype(np.float32).astype(dt)
+    v = rng.standard_normal((*shape_k, d)).astype(np.float32).astype(dt)
     ref, ref_lse = naive_attention(
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
         causal=causal, return_lse=True,
     )  # fmt: skip
-    O = cp.full((*shape_q, d), np.nan, dtype=ver.dtype)  # poisoned: unwritten elements show
+    O = cp.full((*shape_q, d), np.nan, dtype=np.float32).astype(dt)  # poisoned: NaN shows
     lse = cp.full(shape_q, np.nan, dtype=cp.float32)
     launch(ver, cp.asarray(q), cp.asarray(k), cp.asarray(v), O, lse,
            causal=causal, scale=1.0 / np.sqrt(d))  # fmt: skip
@@ -52,6 +62,7 @@ def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashref.gpu.selfcheck")
     parser.add_argument("--small", action="store_true", help="one small ragged shape per case")
+    parser.add_argument("--versions", type=int, nargs="+", help="only these versions")
     args = parser.parse_args(argv)
     cp = _require_gpu()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
@@ -59,17 +70,19 @@ def main(argv: list[str] | None = None) -> int:
                                                        ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0
     for ver in VERSIONS.values():
-        for d in (64, 128):
-            for causal in (False, True):
-                for shape_q, shape_k in shapes:
-                    rel, lse_err = check(ver, d, causal, shape_q, shape_k)
-                    ok = rel <= LIMIT[ver.dtype] and lse_err <= 10 * LIMIT[ver.dtype]
-                    failed += not ok
-                    print(
-                        f"v{ver.number} {ver.dtype:7s} d={d:3d} causal={causal!s:5s} "
-                        f"q{shape_q} k{shape_k}: rel err {rel:.2e}, lse err {lse_err:.2e}"
-                        f"{'' if ok else '  FAIL'}"
-                    )
+        if args.versions and ver.number not in args.versions:
+            continue
+        for dtype, d, causal in ((t, d, c) for t in ver.dtypes for d in (64, 128) for c in (0, 1)):
+            causal = bool(causal)
+            for shape_q, shape_k in shapes:
+                rel, lse_err = check(ver, d, causal, shape_q, shape_k, dtype=dtype)
+                ok = rel <= LIMIT[dtype] and lse_err <= 10 * LIMIT[dtype]
+                failed += not ok
+                print(
+                    f"v{ver.number} {dtype:8s} d={d:3d} causal={causal!s:5s} "
+                    f"q{shape_q} k{shape_k}: rel err {rel:.2e}, lse err {lse_err:.2e}"
+                    f"{'' if ok else '  FAIL'}"
+                )
     cp.cuda.runtime.deviceSynchronize()
     print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
     return 1 if failed else 0

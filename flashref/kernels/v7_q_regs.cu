@@ -25,7 +25,8 @@
 // per SM (shared memory allows 2), so occupancy does not explain it; the cause
 // was not established (no profiler run). Versions 9-11 build on version 6.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; no headers.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
+// are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM
@@ -37,64 +38,8 @@
 #define NWARPS 4
 #define NTHREADS (NWARPS * 32)
 #define LDS (D + 8)              // shared-memory row stride in halves: +16 bytes per row
-#define NEG_INF __int_as_float(0xff800000)
 
-typedef unsigned short half_t;  // fp16 bits; arithmetic happens in fp32 or in the tensor cores
-typedef unsigned int u32;
-
-__device__ __forceinline__ u32 smem_addr(const void* p)
-{
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-__device__ __forceinline__ void ldsm_x4(const half_t* p, u32& r0, u32& r1, u32& r2, u32& r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(const half_t* p, u32& r0, u32& r1, u32& r2, u32& r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_addr(p)) : "memory");
-}
-
-// c += A B for one 16 x 8 x 16 tile, fp16 inputs, fp32 accumulators
-__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// two fp32 -> one register of two fp16 (lo in the low 16 bits), round to nearest
-__device__ __forceinline__ u32 pack_half2(float lo, float hi)
-{
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 2^x with the hardware's approximate exponential (-inf -> 0)
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// 16-byte asynchronous copy global -> shared; with ok == false it writes 16 zero bytes
-__device__ __forceinline__ void cp_async16(half_t* dst, const half_t* src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+#include "mma_common.cuh"  // typedefs, NEG_INF and the PTX wrappers: ldmatrix, mma, cp.async
 
 // start copying rows [row0, row0 + ROWS) of an (N, D) fp16 matrix into shared memory, zeros past N
 template <int ROWS>

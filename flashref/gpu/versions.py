@@ -1,0 +1,152 @@
+"""The numbered kernel versions: what each computes on, how it is launched, what it needs.
+
+Each ``Version`` names one ``.cu`` file under ``flashref/kernels/``; its header comment says
+what changed from the version it builds on. Nothing here imports CuPy, so the registry can be
+read (and the sources compiled with nvcc) on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+# dtype name -> (itemsize, extra NVRTC/nvcc defines); 16-bit floats share one code path
+DTYPE_DEFINES = {"float32": (), "float16": (), "bfloat16": ("-DFLASHREF_BF16",)}
+
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Version:
+    """One kernel version: what it computes on, how it is launched, what it needs."""
+
+    number: int
+    name: str
+    dtypes: tuple[str, ...]  # input/output dtypes; accumulation is always float32
+    head_dims: tuple[int, ...]
+    summary: str
+    file: str  # under flashref/kernels/
+    Br: int  # query rows per thread block
+    threads: int  # threads per block
+    min_cc: tuple[int, int] = (8, 0)  # lowest compute capability (major, minor) it runs on
+    bc64: int = 64  # key tile Bc at d = 64 ...
+    bc128: int = 64  # ... and at d = 128
+    kv_buffers: int = 2  # shared-memory buffers each of K and V
+    padded: bool = True  # shared-memory rows of d + 8 halves
+
+    @property
+    def dtype(self) -> str:
+        """The first (default) dtype."""
+        return self.dtypes[0]
+
+    @property
+    def kernel(self) -> str:
+        return f"flash_v{self.number}"
+
+    @property
+    def path(self) -> Path:
+        return KERNEL_DIR / self.file
+
+    def Bc(self, d: int) -> int:
+        return self.bc64 if d <= 64 else self.bc128
+
+    def smem_bytes(self, d: int) -> int:
+        """Dynamic shared memory per block, matching the layout in the .cu file."""
+        if self.number == 1:  # Q (Br, d+1), K and V (Bc, d), S (Br, Bc+1); Br = Bc = 32
+            return 4 * (32 * (d + 1) + 2 * 32 * d + 32 * 33)
+        if self.number == 2:  # Q, K (64, d+1), V (64, d), S (64, 65), m, l, alpha (64,)
+            return 4 * (2 * 64 * (d + 1) + 64 * d + 64 * 65 + 3 * 64)
+        row = d + 8 if self.padded else d  # halves per shared-memory row
+        return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * row
+
+    def source(self) -> str:
+        """The .cu text with each ``#include "x.cuh"`` replaced by that header's text.
+
+        NVRTC could take an include path instead, but CuPy's on-disk kernel cache keys on
+        the source string: pasting the header in makes an edit of the header recompile.
+        """
+        return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), self.path.read_text())
+
+    def defines(self, d: int, dtype: str) -> tuple[str, ...]:
+        return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
+
+
+_FP32 = ("float32",)
+_TC = ("float16", "bfloat16")  # tensor-core versions: mma.sync .f16 or .bf16
+_FP32_DIMS = tuple(range(1, 129))
+_TC_DIMS = (64, 128)
+_ANY_CC = (5, 0)  # plain CUDA: any GPU a current CuPy supports
+
+VERSIONS: dict[int, Version] = {
+    v.number: v
+    for v in (
+        Version(1, "scalar", _FP32, _FP32_DIMS,
+                "one thread per query row, K/V tiles in shared memory", "v1_scalar.cu", 32, 32,
+                min_cc=_ANY_CC),
+        Version(2, "fp32_8warps", _FP32, _FP32_DIMS,
+                "8 warps share each 64 x 64 score tile through shared memory, register blocking",
+                "v2_fa2_fp32.cu", 64, 256, min_cc=_ANY_CC),
+        Version(3, "mma", _TC, _TC_DIMS,
+                "tensor cores: mma.sync m16n8k16 + ldmatrix, softmax on fragments",
+                "v3_mma.cu", 64, 128, kv_buffers=1, padded=False),
+        Version(4, "padded", _TC, _TC_DIMS,
+                "v3 + shared-memory rows padded by 8 halves (no ldmatrix bank conflicts)",
+                "v4_padded.cu", 64, 128, kv_buffers=1),
+        Version(5, "cp_async", _TC, _TC_DIMS,
+                "v4 + cp.async copies, double-buffered K/V tiles", "v5_cp_async.cu", 64, 128),
+        Version(6, "exp2", _TC, _TC_DIMS,
+                "v5 + ex2.approx with scale*log2(e) folded into one FMA", "v6_exp2.cu", 64, 128),
+        Version(7, "q_regs", _TC, _TC_DIMS,
+                "v6 + Q fragments loaded into registers once", "v7_q_regs.cu", 64, 128),
+        Version(8, "br128", _TC, _TC_DIMS,
+                "v7 with Br = 128 rows per block (8 warps)", "v8_br128.cu", 128, 256),
+        Version(9, "warp32rows", _TC, _TC_DIMS,
+                "v6 with 32 rows per warp (4 warps, Br = 128): each K/V fragment feeds 2 mma",
+                "v9_warp32rows.cu", 128, 128, bc128=32),
+        Version(10, "causal_order", _TC, _TC_DIMS,
+                "v9 with the longest causal query blocks launched first",
+                "v10_causal_order.cu", 128, 128, bc128=32),
+        Version(11, "three_stage", _TC, _TC_DIMS,
+                "v10 with three K/V buffers: copies two tiles ahead, one barrier per tile",
+                "v11_three_stage.cu", 128, 128, bc128=32, kv_buffers=3),
+        Version(12, "static_addr", _TC, _TC_DIMS,
+                "v10 with copy offsets and shared addresses fixed at compile time",
+                "v12_static_addr.cu", 128, 128, bc128=32),
+        Version(13, "fa2_tiles", _TC, _TC_DIMS,
+                "v12 with FlashAttention-2's sm_90 tiles: Bc = 128 at d = 64, 64 at d = 128",
+                "v13_fa2_tiles.cu", 128, 128, bc64=128, bc128=64),
+        Version(14, "lazy_rescale", _TC, _TC_DIMS,
+                "v13 rescaling O only when a row maximum grows by more than 2^8",
+                "v14_lazy_rescale.cu", 128, 128, bc64=128, bc128=64),
+        Version(15, "split_chains", _TC, _TC_DIMS,
+                "v14 with each row's max and sum as four independent chains",
+                "v15_split_chains.cu", 128, 128, bc64=128, bc128=64),
+        Version(16, "halves_in_flight", _TC, _TC_DIMS,
+                "v15 with the two halves of each key tile interleaved: S mma beside exp",
+                "v16_halves_in_flight.cu", 128, 128, bc64=128, bc128=64),
+        Version(17, "causal_skip", _TC, _TC_DIMS,
+                "v14 with causal warps that see no key of a tile skipping it",
+                "v17_causal_skip.cu", 128, 128, bc64=128, bc128=64),
+        Version(18, "br256", _TC, _TC_DIMS,
+                "v14 with 8 warps and Br = 256: half the L2 traffic for K and V",
+                "v18_br256.cu", 256, 256, bc64=128, bc128=64),
+    )
+}  # fmt: skip
+
+# version=None picks, for each (dtype, d, causal), the version with the highest median TFLOP/s
+# over N = 1024 ... 16384 in the recorded run (results/gpu_bench.json; a test checks that this
+# table still says what that file says). float32 inputs of any head dim take version 2.
+PREFERENCE: dict[tuple[str, int | None, bool], int] = {
+    **{("float32", None, c): 2 for c in (False, True)},
+    ("float16", 64, False): 14,
+    ("float16", 64, True): 17,
+    ("float16", 128, False): 17,
+    ("float16", 128, True): 17,
+    ("bfloat16", 64, False): 14,
+    ("bfloat16", 64, True): 14,
+    ("bfloat16", 128, False): 17,
+    ("bfloat16", 128, True): 14,
+}
