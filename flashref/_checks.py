@@ -22,6 +22,17 @@ def as_float_array(x, name: str) -> np.ndarray:
     return arr
 
 
+def check_flag(value, name: str) -> bool:
+    """A yes/no argument (``causal``, ``return_lse``): a Python bool or a NumPy bool.
+
+    Nothing else: ``causal="False"`` (a string from a config file) is truthy,
+    and ``None`` or ``0`` usually mean an argument was forgotten or misplaced.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     """float64 stays float64; float16 and float32 accumulate in float32."""
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)

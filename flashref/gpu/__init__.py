@@ -24,7 +24,7 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._checks import check_shapes
+from .._checks import check_flag, check_shapes
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -184,8 +184,11 @@ def _check_version(version, dtype: str, d: int) -> Version:
     return v
 
 
-def _check_inputs(q, k, v, causal, scale):
-    """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale)."""
+def _check_inputs(q, k, v, causal, scale, return_lse):
+    """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale).
+
+    ``causal`` and ``return_lse`` follow the NumPy functions' rule (``check_flag``).
+    """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
             raise TypeError(f"{name} must be a cupy.ndarray, got {type(x).__name__}")
@@ -203,8 +206,8 @@ def _check_inputs(q, k, v, causal, scale):
     dtype = dtypes.pop()
     if dtype not in ("float16", "float32"):
         raise TypeError(f"q has dtype {dtype}; flashref.gpu supports float16 and float32")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_flag(causal, "causal")
+    check_flag(return_lse, "return_lse")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -221,16 +224,16 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     Args:
         q: cupy array (..., Nq, d); k: (..., Nk, d); v: (..., Nk, d); one dtype,
             float16 (tensor-core versions) or float32 (versions 1 and 2).
-        causal: top-left causal mask (query i sees keys j <= i).
+        causal: top-left causal mask (query i sees keys j <= i); a bool.
         scale: score scale, default ``1/sqrt(d)``; finite and nonzero.
         version: a key of ``VERSIONS``, or None for the fastest that supports
             the dtype and head dim.
-        return_lse: also return ``lse (..., Nq)`` in float32.
+        return_lse: a bool; also return ``lse (..., Nq)`` in float32.
         out: optional contiguous cupy array (..., Nq, d) of q's dtype to write O into.
 
     Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``.
     """
-    dtype, d, scale = _check_inputs(q, k, v, causal, scale)
+    dtype, d, scale = _check_inputs(q, k, v, causal, scale, return_lse)
     ver = _check_version(version, dtype, d)
     cp = _require_gpu()
     for name, x in (("q", q), ("k", k), ("v", v)):
