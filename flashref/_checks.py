@@ -7,6 +7,7 @@ told what and where.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -56,13 +57,51 @@ def check_block(size, name: str) -> int:
     return int(size)
 
 
-def check_scale(scale, d: int) -> float:
-    """The softmax scale: ``1/sqrt(d)`` by default, otherwise a real number."""
+def check_scale(scale, d: int, dtype) -> float:
+    """The score scale in ``S = scale * Q K^T``: one rule for the NumPy functions and the GPU.
+
+    ``None`` means ``1/sqrt(d)``. Otherwise ``scale`` must be a real number (a
+    Python int or float, a NumPy scalar, a Fraction; not a bool) that is
+    finite, nonzero, and still finite and nonzero once rounded to ``dtype``,
+    the accumulation dtype (float32 for float16/float32 inputs and on the GPU,
+    float64 for float64 inputs). Each refusal is a ValueError naming ``scale``:
+
+    - inf or NaN would make every score inf or NaN;
+    - a value beyond the dtype's range (``1e300`` in float32, or an int too
+      large for any float) would round to inf, and a tiny one (``1e-50`` in
+      float32) to 0;
+    - zero makes every score 0 and every weight uniform whatever ``q`` is,
+      which is almost always a slip (``scale=1 // 8``).
+
+    A negative scale is allowed: ``softmax(-c Q K^T)`` is well defined (it
+    favours the least similar keys), PyTorch's ``scaled_dot_product_attention``
+    takes it, and the GPU kernels support it. Returns a Python float.
+    """
+    dtype = np.dtype(dtype)
     if scale is None:
-        return 1.0 / float(np.sqrt(d))
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    return float(scale)
+    try:
+        value = float(scale)
+        if math.isinf(value) and scale != value:  # np.longdouble(1e4000) becomes inf
+            raise OverflowError
+    except OverflowError:
+        raise ValueError(
+            f"scale ({type(scale).__name__}) is too large to convert to a float; expected a "
+            f"finite number with |scale| <= {np.finfo(dtype).max:.4g} ({dtype})"
+        ) from None
+    if not math.isfinite(value) or value == 0.0:
+        raise ValueError(f"scale must be finite and nonzero, got {value}")
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = dtype.type(value)
+    if not np.isfinite(rounded) or rounded == 0:
+        info = np.finfo(dtype)
+        raise ValueError(
+            f"scale {value:g} becomes {float(rounded)} in {dtype}, the accumulation dtype "
+            f"here; expected {info.smallest_subnormal:.4g} <= |scale| <= {info.max:.4g}"
+        )
+    return value
 
 
 def check_shapes(q, k, v) -> None:

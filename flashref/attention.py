@@ -5,7 +5,10 @@ Shapes (``...`` are batch/head dims, equal across q, k, v):
 
 Conventions shared by every function here (and by ``flashref.gpu``):
 
-- ``scale`` defaults to ``1/sqrt(d)``; scores are ``S = scale * Q K^T``.
+- ``scale`` defaults to ``1/sqrt(d)``; scores are ``S = scale * Q K^T``. Any
+  other scale must be a real number (not a bool), finite, nonzero, and
+  representable in the accumulation dtype (no ``1e300`` with float32 inputs);
+  negative is allowed. The rule and its reasons: ``_checks.check_scale``.
 - ``causal`` and ``return_lse`` are bools (Python or NumPy); anything else,
   such as the string ``"False"``, is a TypeError.
 - ``causal=True`` is aligned top-left, as in
@@ -39,9 +42,10 @@ def _prepare(q, k, v, scale, mask, causal, return_lse):
     check_flag(causal, "causal")
     check_flag(return_lse, "return_lse")
     q, k, v, out_dtype = check_qkv(q, k, v)
-    scale = check_scale(scale, q.shape[-1])
+    acc = accumulation_dtype(out_dtype)
+    scale = acc.type(check_scale(scale, q.shape[-1], acc))
     mask = check_mask(mask, q, k)
-    return q, k, v, mask, accumulation_dtype(out_dtype).type(scale), out_dtype
+    return q, k, v, mask, scale, out_dtype
 
 
 def _load(x, rows: range, dtype, scale=None):

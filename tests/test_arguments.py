@@ -1,17 +1,21 @@
 """The argument contract shared by every public NumPy function (test_gpu_nogpu.py checks
 that flashref.gpu gives the same answers).
 
-Boolean flags must be bools (Python or NumPy); anything else is a TypeError naming
-the flag.
+Boolean flags must be bools; ``scale`` follows one rule (``_checks.check_scale``).
+Each error comes before any work.
 """
 
 from __future__ import annotations
 
+import fractions
+import warnings
+
 import numpy as np
 import pytest
+from reference import assert_close, attention_ref, no_warnings
 
 from flashref import naive_attention, tiled_attention, tiled_attention_kv_outer
-from flashref._checks import check_flag
+from flashref._checks import check_flag, check_scale
 
 ATTENTION = [naive_attention, tiled_attention, tiled_attention_kv_outer]
 by_name = pytest.mark.parametrize("fn", ATTENTION, ids=lambda f: f.__name__)
@@ -58,3 +62,73 @@ def test_numpy_bools_are_bools(fn):
 
 def test_check_flag_returns_a_python_bool():
     assert check_flag(np.True_, "causal") is True and check_flag(False, "causal") is False
+
+
+# ---- scale -----------------------------------------------------------------------------------
+
+NOT_FINITE_OR_ZERO = [np.inf, -np.inf, np.nan, 0, 0.0, -0.0, np.float32(0), np.float64(np.nan)]
+
+
+@by_name
+@pytest.mark.parametrize("bad", NOT_FINITE_OR_ZERO, ids=repr)
+def test_scale_must_be_finite_and_nonzero(fn, bad):
+    q, k, v = qkv()
+    with no_warnings():  # refused up front, not a NumPy warning and NaN
+        raises(ValueError, lambda: fn(q, k, v, scale=bad), "scale must be finite and nonzero")
+
+
+@by_name
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_scale_must_be_representable_in_the_accumulation_dtype(fn, dtype):
+    q, k, v = qkv(dtype)
+    with no_warnings():
+        for bad in (1e300, -1e39, 1e-50):  # inf or 0 once rounded to float32
+            raises(ValueError, lambda bad=bad: fn(q, k, v, scale=bad), "scale", "float32")
+
+
+@by_name
+def test_a_scale_beyond_float32_is_fine_in_float64(fn):
+    q, k, v = qkv(np.float64)
+    q = q * 1e-40  # scale * q is ordinary: only the scale itself is beyond float32's range
+    with no_warnings():
+        O, lse = fn(q, k, v, scale=1e39, return_lse=True)
+    O_ref, lse_ref = attention_ref(q, k, v, scale=1e39)
+    assert_close(O, O_ref, 1e-12, "O")
+    assert_close(lse, lse_ref, 1e-12, "lse")
+
+
+@by_name
+@pytest.mark.parametrize(
+    "huge", [10**400, -(10**400), fractions.Fraction(10**400, 3), np.longdouble("1e4000")]
+)
+def test_a_scale_too_large_for_any_float_names_scale(fn, huge):
+    q, k, v = qkv()
+    if isinstance(huge, np.longdouble) and np.isinf(huge):  # longdouble is float64 here
+        pytest.skip("this machine's longdouble is float64")
+    raises(ValueError, lambda: fn(q, k, v, scale=huge), "scale", "too large", "float64")
+
+
+@by_name
+@pytest.mark.parametrize("scale", [-0.5, 3, np.float16(0.25), fractions.Fraction(1, 3)])
+def test_scales_that_are_allowed(fn, scale):
+    q, k, v = qkv()
+    assert_close(fn(q, k, v, scale=scale), attention_ref(q, k, v, scale=scale)[0], 1e-12, "O")
+
+
+def test_check_scale_defaults_and_returns_a_float():
+    assert check_scale(None, 64, np.float32) == 0.125
+    assert type(check_scale(np.float32(0.5), 8, np.float32)) is float
+
+
+# ---- before any work -------------------------------------------------------------------------
+
+
+def test_flags_and_scale_are_checked_before_any_work():
+    # Scores for this q would need 2**40 bytes: a bad argument must be refused at once.
+    q = np.broadcast_to(np.float32(0), (2**19, 8))  # a view: no memory behind it
+    for fn in ATTENTION:
+        for bad in (dict(causal="yes"), dict(return_lse=None), dict(scale=1e300)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises((TypeError, ValueError)):
+                    fn(q, q, q, **bad)

@@ -19,12 +19,11 @@ works on any machine; calling without CuPy or without a GPU raises
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._checks import check_flag, check_shapes
+from .._checks import check_flag, check_scale, check_shapes
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -187,7 +186,8 @@ def _check_version(version, dtype: str, d: int) -> Version:
 def _check_inputs(q, k, v, causal, scale, return_lse):
     """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale).
 
-    ``causal`` and ``return_lse`` follow the NumPy functions' rule (``check_flag``).
+    ``causal``, ``return_lse`` and ``scale`` follow the NumPy functions' rules
+    (``check_flag``, ``check_scale``); the kernels accumulate in float32.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
@@ -208,14 +208,7 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
         raise TypeError(f"q has dtype {dtype}; flashref.gpu supports float16 and float32")
     check_flag(causal, "causal")
     check_flag(return_lse, "return_lse")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale) or scale == 0.0:
-        raise ValueError(f"scale must be finite and nonzero, got {scale}")
-    return dtype, d, scale
+    return dtype, d, check_scale(scale, d, "float32")
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_lse=False, out=None):
@@ -225,7 +218,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
         q: cupy array (..., Nq, d); k: (..., Nk, d); v: (..., Nk, d); one dtype,
             float16 (tensor-core versions) or float32 (versions 1 and 2).
         causal: top-left causal mask (query i sees keys j <= i); a bool.
-        scale: score scale, default ``1/sqrt(d)``; finite and nonzero.
+        scale: score scale, default ``1/sqrt(d)``; a real number, finite, nonzero
+            and within float32's range (negative allowed), as on the CPU.
         version: a key of ``VERSIONS``, or None for the fastest that supports
             the dtype and head dim.
         return_lse: a bool; also return ``lse (..., Nq)`` in float32.
