@@ -48,12 +48,12 @@ def check_axis(axis, ndim: int, name: str = "x") -> int:
     return int(axis) % ndim
 
 
-def check_block(size, name: str) -> int:
-    """A tile or block size: an int of at least 1."""
+def check_block(size, name: str, minimum: int = 1) -> int:
+    """A tile or block size (or another count): an int (NumPy ints too) of at least ``minimum``."""
     if isinstance(size, bool) or not isinstance(size, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(size).__name__}")
-    if size < 1:
-        raise ValueError(f"{name} must be >= 1, got {size}")
+    if size < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {size}")
     return int(size)
 
 
