@@ -15,12 +15,42 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _asarray(x, name: str) -> np.ndarray:
+    """``np.asarray(x)``, with the argument named when NumPy cannot convert ``x``.
+
+    Masked arrays are refused: ``np.asarray`` would drop their mask without a word.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy.ma.MaskedArray, whose mask would be ignored; "
+            f"pass a plain ndarray such as {name}.filled(value)"
+        )
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists, objects whose __array__ refuses ...
+        kind = ValueError if isinstance(exc, ValueError) else TypeError
+        raise kind(
+            f"{name} cannot be converted to a NumPy array ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 def as_float_array(x, name: str) -> np.ndarray:
-    """Return ``x`` as an ndarray, raising TypeError unless it holds float16/32/64."""
-    arr = np.asarray(x)
-    if arr.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected float16, float32 or float64")
-    return arr
+    """Return ``x`` as an ndarray of float16, float32 or float64 in native byte order.
+
+    Array-likes (lists, scalars) are converted with ``np.asarray``; an ndarray of
+    the right dtype comes back as it is, uncopied. A float array stored in the
+    other byte order (``'>f4'`` on a little-endian machine) is copied to the
+    native order: the same values, so results are identical. Anything else is a
+    TypeError naming the argument: other dtypes (ints, bool, complex, object,
+    float128), values NumPy cannot convert, and masked arrays.
+    """
+    arr = x if type(x) is np.ndarray else _asarray(x, name)  # the common case, fast
+    if arr.dtype in FLOAT_DTYPES:
+        return arr
+    native = arr.dtype.newbyteorder("=")
+    if arr.dtype.kind == "f" and native in FLOAT_DTYPES:
+        return arr.astype(native)  # a copy in native byte order, values unchanged
+    raise TypeError(f"{name} has dtype {arr.dtype}; expected float16, float32 or float64")
 
 
 def check_flag(value, name: str) -> bool:
@@ -150,7 +180,7 @@ def check_mask(mask, q: np.ndarray, k: np.ndarray):
     """A boolean mask broadcastable to (..., Nq, Nk); True means "may attend"."""
     if mask is None:
         return None
-    mask = np.asarray(mask)
+    mask = _asarray(mask, "mask")
     if mask.dtype != np.bool_:
         raise TypeError(f"mask has dtype {mask.dtype}; expected bool (True = may attend)")
     target = q.shape[:-1] + (k.shape[-2],)

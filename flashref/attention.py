@@ -22,8 +22,9 @@ Conventions shared by every function here (and by ``flashref.gpu``):
   output and ``lse = -inf``: no NaN, no warning.
 - ``return_lse=True`` returns ``(O, lse)``; ``lse (..., Nq)`` is the natural-log
   log-sum-exp of the scaled, masked scores, in the accumulation dtype.
-- float16, float32 and float64 inputs; float16/float32 accumulate in float32,
-  float64 in float64; ``O`` has the inputs' common dtype.
+- float16, float32 and float64 inputs (either byte order; array-likes are
+  converted); float16/float32 accumulate in float32, float64 in float64; ``O``
+  has the inputs' common dtype.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The argument contract shared by every public NumPy function (test_gpu_nogpu.py checks
 that flashref.gpu gives the same answers).
 
-Boolean flags must be bools; ``scale`` follows one rule (``_checks.check_scale``).
-Each error comes before any work.
+Boolean flags must be bools; ``scale`` follows one rule (``_checks.check_scale``);
+float arrays in either byte order are accepted, other things that are not plain
+float arrays are refused with the argument's name. Each error comes before any work.
 """
 
 from __future__ import annotations
@@ -12,13 +13,25 @@ import warnings
 
 import numpy as np
 import pytest
-from reference import assert_close, attention_ref, no_warnings
+from reference import assert_close, attention_ref, no_warnings, softmax_ref
 
-from flashref import naive_attention, tiled_attention, tiled_attention_kv_outer
+from flashref import (
+    SoftmaxState,
+    naive_attention,
+    naive_softmax,
+    online_softmax,
+    safe_softmax,
+    streaming_weighted_sum,
+    tiled_attention,
+    tiled_attention_kv_outer,
+)
 from flashref._checks import check_flag, check_scale
 
 ATTENTION = [naive_attention, tiled_attention, tiled_attention_kv_outer]
 by_name = pytest.mark.parametrize("fn", ATTENTION, ids=lambda f: f.__name__)
+
+# float16, float32 and float64 stored in the byte order that is not this machine's
+SWAPPED = [np.dtype(t).newbyteorder("S") for t in (np.float16, np.float32, np.float64)]
 
 
 def qkv(dtype=np.float64, Nq=5, Nk=7, d=4, dv=3, seed=0):
@@ -118,6 +131,87 @@ def test_scales_that_are_allowed(fn, scale):
 def test_check_scale_defaults_and_returns_a_float():
     assert check_scale(None, 64, np.float32) == 0.125
     assert type(check_scale(np.float32(0.5), 8, np.float32)) is float
+
+
+# ---- float arrays: byte order, conversion, masked arrays ------------------------------------
+
+
+@by_name
+@pytest.mark.parametrize("swapped", SWAPPED, ids=str)
+def test_attention_takes_either_byte_order(fn, swapped):
+    q, k, v = qkv(swapped.newbyteorder("="))
+    native = fn(q, k, v, causal=True, return_lse=True)
+    for which in range(3):
+        args = [q, k, v]
+        args[which] = args[which].astype(swapped)
+        assert not args[which].dtype.isnative  # really the other byte order
+        got = fn(*args, causal=True, return_lse=True)
+        for x, y in zip(got, native, strict=True):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("swapped", SWAPPED, ids=str)
+def test_softmax_and_state_take_either_byte_order(swapped):
+    x = np.random.default_rng(1).standard_normal((3, 9)).astype(swapped.newbyteorder("="))
+    xs = x.astype(swapped)
+    for fn in (naive_softmax, safe_softmax, lambda a: online_softmax(a, 4)):
+        a, b = fn(x), fn(xs)
+        assert a.dtype == b.dtype == x.dtype and a.tobytes() == b.tobytes()
+    v = x[0, :, None] * np.ones(2, dtype=x.dtype)  # (9, 2)
+    a = SoftmaxState.from_scores(x, v)
+    b = SoftmaxState.from_scores(xs, v.astype(swapped))
+    for name in ("m", "l", "o"):
+        assert getattr(a, name).tobytes() == getattr(b, name).tobytes(), name
+    c = SoftmaxState(a.m.astype(swapped), a.l.astype(swapped), a.o.astype(swapped))
+    assert c.m.dtype.isnative and c.result().tobytes() == a.result().tobytes()
+    s, w = x[0].astype(np.float64), x[1].astype(np.float64)
+    got = streaming_weighted_sum(s.astype(">f8"), w.astype("<f8"), 4)
+    assert got == streaming_weighted_sum(s, w, 4)
+
+
+@pytest.mark.parametrize("dtype", [">i4", "<i8", ">c8", "<c16", np.longdouble])
+def test_other_dtypes_are_still_refused(dtype):
+    if np.dtype(dtype) == np.float64:
+        pytest.skip("this machine's longdouble is float64")
+    x = np.ones((2, 3), dtype=dtype)
+    raises(TypeError, lambda: safe_softmax(x), f"x has dtype {np.dtype(dtype)}", "float16")
+    raises(TypeError, lambda: tiled_attention(x, x, x), "q has dtype", "float16")
+
+
+def test_array_likes_are_converted():
+    q, k, v = qkv()
+    expected = tiled_attention(q, k, v, block_q=2, block_k=3)
+    got = tiled_attention(q.tolist(), k.tolist(), v.tolist(), block_q=2, block_k=3)
+    assert got.tobytes() == expected.tobytes()
+    assert_close(safe_softmax([1.0, 2.0, 3.0]), softmax_ref([1.0, 2.0, 3.0]), 1e-15, "list")
+
+
+class Refuses:
+    """Stands for an array type NumPy cannot convert (a tensor that requires grad, say)."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("Can't call numpy() on Tensor that requires grad.")
+
+
+def test_what_numpy_cannot_convert_is_refused_by_name():
+    q, k, v = qkv()
+    raises(TypeError, lambda: naive_attention(q, Refuses(), v), "k cannot be converted", "grad")
+    ragged = [[1.0, 2.0], [3.0]]
+    raises(ValueError, lambda: safe_softmax(ragged), "x cannot be converted")
+    raises(ValueError, lambda: streaming_weighted_sum(ragged, [1.0], 1), "scores cannot be")
+    mask = [[True] * 7] * 4 + [[True]]
+    raises(ValueError, lambda: tiled_attention(q, k, v, mask=mask), "mask cannot be converted")
+
+
+def test_masked_arrays_are_refused_not_unmasked():
+    # np.asarray would drop the mask and compute on whatever lies under it.
+    q, k, v = qkv()
+    mq = np.ma.masked_array(q, mask=np.ones_like(q, dtype=bool))
+    raises(TypeError, lambda: tiled_attention(mq, k, v), "q is a numpy.ma.MaskedArray")
+    raises(TypeError, lambda: online_softmax(mq, 2), "x is a numpy.ma.MaskedArray")
+    mmask = np.ma.masked_array(np.ones((5, 7), dtype=bool), mask=True)
+    raises(TypeError, lambda: naive_attention(q, k, v, mask=mmask), "mask is a numpy.ma")
+    raises(TypeError, lambda: SoftmaxState(np.ma.zeros(3), np.zeros(3)), "m is a numpy.ma")
 
 
 # ---- before any work -------------------------------------------------------------------------
