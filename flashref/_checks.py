@@ -7,6 +7,7 @@ told what and where.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -14,12 +15,53 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _asarray(x, name: str) -> np.ndarray:
+    """``np.asarray(x)``, with the argument named when NumPy cannot convert ``x``.
+
+    Masked arrays are refused: ``np.asarray`` would drop their mask without a word.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy.ma.MaskedArray, whose mask would be ignored; "
+            f"pass a plain ndarray such as {name}.filled(value)"
+        )
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists, objects whose __array__ refuses ...
+        kind = ValueError if isinstance(exc, ValueError) else TypeError
+        raise kind(
+            f"{name} cannot be converted to a NumPy array ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 def as_float_array(x, name: str) -> np.ndarray:
-    """Return ``x`` as an ndarray, raising TypeError unless it holds float16/32/64."""
-    arr = np.asarray(x)
-    if arr.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected float16, float32 or float64")
-    return arr
+    """Return ``x`` as an ndarray of float16, float32 or float64 in native byte order.
+
+    Array-likes (lists, scalars) are converted with ``np.asarray``; an ndarray of
+    the right dtype comes back as it is, uncopied. A float array stored in the
+    other byte order (``'>f4'`` on a little-endian machine) is copied to the
+    native order: the same values, so results are identical. Anything else is a
+    TypeError naming the argument: other dtypes (ints, bool, complex, object,
+    float128), values NumPy cannot convert, and masked arrays.
+    """
+    arr = x if type(x) is np.ndarray else _asarray(x, name)  # the common case, fast
+    if arr.dtype in FLOAT_DTYPES:
+        return arr
+    native = arr.dtype.newbyteorder("=")
+    if arr.dtype.kind == "f" and native in FLOAT_DTYPES:
+        return arr.astype(native)  # a copy in native byte order, values unchanged
+    raise TypeError(f"{name} has dtype {arr.dtype}; expected float16, float32 or float64")
+
+
+def check_flag(value, name: str) -> bool:
+    """A yes/no argument (``causal``, ``return_lse``): a Python bool or a NumPy bool.
+
+    Nothing else: ``causal="False"`` (a string from a config file) is truthy,
+    and ``None`` or ``0`` usually mean an argument was forgotten or misplaced.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
@@ -36,22 +78,60 @@ def check_axis(axis, ndim: int, name: str = "x") -> int:
     return int(axis) % ndim
 
 
-def check_block(size, name: str) -> int:
-    """A tile or block size: an int of at least 1."""
+def check_block(size, name: str, minimum: int = 1) -> int:
+    """A tile or block size (or another count): an int (NumPy ints too) of at least ``minimum``."""
     if isinstance(size, bool) or not isinstance(size, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(size).__name__}")
-    if size < 1:
-        raise ValueError(f"{name} must be >= 1, got {size}")
+    if size < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {size}")
     return int(size)
 
 
-def check_scale(scale, d: int) -> float:
-    """The softmax scale: ``1/sqrt(d)`` by default, otherwise a real number."""
+def check_scale(scale, d: int, dtype) -> float:
+    """The score scale in ``S = scale * Q K^T``: one rule for the NumPy functions and the GPU.
+
+    ``None`` means ``1/sqrt(d)``. Otherwise ``scale`` must be a real number (a
+    Python int or float, a NumPy scalar, a Fraction; not a bool) that is
+    finite, nonzero, and still finite and nonzero once rounded to ``dtype``,
+    the accumulation dtype (float32 for float16/float32 inputs and on the GPU,
+    float64 for float64 inputs). Each refusal is a ValueError naming ``scale``:
+
+    - inf or NaN would make every score inf or NaN;
+    - a value beyond the dtype's range (``1e300`` in float32, or an int too
+      large for any float) would round to inf, and a tiny one (``1e-50`` in
+      float32) to 0;
+    - zero makes every score 0 and every weight uniform whatever ``q`` is,
+      which is almost always a slip (``scale=1 // 8``).
+
+    A negative scale is allowed: ``softmax(-c Q K^T)`` is well defined (it
+    favours the least similar keys), PyTorch's ``scaled_dot_product_attention``
+    takes it, and the GPU kernels support it. Returns a Python float.
+    """
+    dtype = np.dtype(dtype)
     if scale is None:
-        return 1.0 / float(np.sqrt(d))
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    return float(scale)
+    try:
+        value = float(scale)
+        if math.isinf(value) and scale != value:  # np.longdouble(1e4000) becomes inf
+            raise OverflowError
+    except OverflowError:
+        raise ValueError(
+            f"scale ({type(scale).__name__}) is too large to convert to a float; expected a "
+            f"finite number with |scale| <= {np.finfo(dtype).max:.4g} ({dtype})"
+        ) from None
+    if not math.isfinite(value) or value == 0.0:
+        raise ValueError(f"scale must be finite and nonzero, got {value}")
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = dtype.type(value)
+    if not np.isfinite(rounded) or rounded == 0:
+        info = np.finfo(dtype)
+        raise ValueError(
+            f"scale {value:g} becomes {float(rounded)} in {dtype}, the accumulation dtype "
+            f"here; expected {info.smallest_subnormal:.4g} <= |scale| <= {info.max:.4g}"
+        )
+    return value
 
 
 def check_shapes(q, k, v) -> None:
@@ -100,7 +180,7 @@ def check_mask(mask, q: np.ndarray, k: np.ndarray):
     """A boolean mask broadcastable to (..., Nq, Nk); True means "may attend"."""
     if mask is None:
         return None
-    mask = np.asarray(mask)
+    mask = _asarray(mask, "mask")
     if mask.dtype != np.bool_:
         raise TypeError(f"mask has dtype {mask.dtype}; expected bool (True = may attend)")
     target = q.shape[:-1] + (k.shape[-2],)

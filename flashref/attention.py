@@ -5,7 +5,12 @@ Shapes (``...`` are batch/head dims, equal across q, k, v):
 
 Conventions shared by every function here (and by ``flashref.gpu``):
 
-- ``scale`` defaults to ``1/sqrt(d)``; scores are ``S = scale * Q K^T``.
+- ``scale`` defaults to ``1/sqrt(d)``; scores are ``S = scale * Q K^T``. Any
+  other scale must be a real number (not a bool), finite, nonzero, and
+  representable in the accumulation dtype (no ``1e300`` with float32 inputs);
+  negative is allowed. The rule and its reasons: ``_checks.check_scale``.
+- ``causal`` and ``return_lse`` are bools (Python or NumPy); anything else,
+  such as the string ``"False"``, is a TypeError.
 - ``causal=True`` is aligned top-left, as in
   ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: query
   ``i`` sees keys ``j <= i``. (FlashAttention 2.1 and later align bottom-right
@@ -17,24 +22,31 @@ Conventions shared by every function here (and by ``flashref.gpu``):
   output and ``lse = -inf``: no NaN, no warning.
 - ``return_lse=True`` returns ``(O, lse)``; ``lse (..., Nq)`` is the natural-log
   log-sum-exp of the scaled, masked scores, in the accumulation dtype.
-- float16, float32 and float64 inputs; float16/float32 accumulate in float32,
-  float64 in float64; ``O`` has the inputs' common dtype.
+- float16, float32 and float64 inputs (either byte order; array-likes are
+  converted); float16/float32 accumulate in float32, float64 in float64; ``O``
+  has the inputs' common dtype.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import accumulation_dtype, check_block, check_mask, check_qkv, check_scale
+from ._checks import accumulation_dtype, check_block, check_flag, check_mask, check_qkv, check_scale
 from .state import SoftmaxState
 
 
-def _prepare(q, k, v, scale, mask):
-    """Validate everything before any work; return the inputs uncopied, plus what to cast to."""
+def _prepare(q, k, v, scale, mask, causal, return_lse):
+    """Validate everything before any work; return the inputs uncopied, plus what to cast to.
+
+    ``causal`` and ``return_lse`` are only checked: a NumPy bool works as a Python one.
+    """
+    check_flag(causal, "causal")
+    check_flag(return_lse, "return_lse")
     q, k, v, out_dtype = check_qkv(q, k, v)
-    scale = check_scale(scale, q.shape[-1])
+    acc = accumulation_dtype(out_dtype)
+    scale = acc.type(check_scale(scale, q.shape[-1], acc))
     mask = check_mask(mask, q, k)
-    return q, k, v, mask, accumulation_dtype(out_dtype).type(scale), out_dtype
+    return q, k, v, mask, scale, out_dtype
 
 
 def _load(x, rows: range, dtype, scale=None):
@@ -70,7 +82,7 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     grows with Nq * Nk, which is exactly what tiling removes. See the module
     docstring for shapes, dtypes, the causal convention and masking.
     """
-    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask)
+    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask, causal, return_lse)
     Nq, Nk = q.shape[-2], k.shape[-2]
     acc = scale.dtype
     Q, K, V = _load(q, range(Nq), acc, scale), _load(k, range(Nk), acc), _load(v, range(Nk), acc)
@@ -97,7 +109,7 @@ def tiled_attention(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask)
+    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask, causal, return_lse)
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch, acc = q.shape[:-2], scale.dtype
     O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Nq, dv)
@@ -136,7 +148,7 @@ def tiled_attention_kv_outer(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask)
+    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask, causal, return_lse)
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch, acc = q.shape[:-2], scale.dtype
     row_tiles = [range(r0, min(r0 + Br, Nq)) for r0 in range(0, Nq, Br)]

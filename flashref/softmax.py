@@ -11,6 +11,20 @@
 
 The safe and online versions accumulate float16 input in float32 and return
 the input's dtype; ``naive_softmax`` computes in the input's own dtype.
+
+Rows that are not ordinary numbers, the same in all three unless noted:
+
+- a row of only ``-inf`` (every score masked) has no weight to share: its
+  softmax is all zeros, with no warning. This is the attention functions'
+  rule for a fully masked query and ``SoftmaxState``'s for an empty row
+  (``m = -inf``, ``l = 0``, result 0). Only such rows: a finite row whose
+  ``exp`` underflows to 0 still gives ``0/0 = NaN`` in ``naive_softmax``,
+  with NumPy's warning, as chapter 1 shows.
+- a row holding a NaN is all NaN.
+- a row holding ``+inf`` is all NaN in ``safe_softmax`` and
+  ``online_softmax`` (``inf - inf``), and NaN at the ``+inf`` entries, 0
+  elsewhere, in ``naive_softmax`` (``inf / inf`` and ``x / inf``); NumPy warns
+  "invalid value" in all three.
 """
 
 from __future__ import annotations
@@ -25,22 +39,30 @@ def naive_softmax(x, axis: int = -1) -> np.ndarray:
     """Textbook softmax ``exp(x) / sum(exp(x))`` in ``x``'s own dtype.
 
     Overflows to inf (and then NaN) for large inputs, with NumPy's
-    RuntimeWarning, on purpose: use ``safe_softmax`` for real work.
+    RuntimeWarning, on purpose: use ``safe_softmax`` for real work. The one
+    addition to the textbook formula: a row of only ``-inf`` gives zeros.
     """
     x = as_float_array(x, "x")
     axis = check_axis(axis, x.ndim)
     e = np.exp(x)
-    return e / e.sum(axis=axis, keepdims=True)
+    total = e.sum(axis=axis, keepdims=True)
+    masked = np.isneginf(x).all(axis=axis, keepdims=True)  # rows of only -inf: weights 0
+    return np.divide(e, total, out=np.zeros_like(e), where=~masked)
 
 
 def safe_softmax(x, axis: int = -1) -> np.ndarray:
-    """Softmax with the maximum subtracted first: ``exp(x - max) / sum(exp(x - max))``."""
+    """Softmax with the maximum subtracted first: ``exp(x - max) / sum(exp(x - max))``.
+
+    A row of only ``-inf`` has ``max = -inf``; it is shifted by 0 instead, so its
+    exponentials are 0 and so is its sum, and its weights are defined as 0.
+    """
     x = as_float_array(x, "x")
     axis = check_axis(axis, x.ndim)
     xa = x.astype(accumulation_dtype(x.dtype))
     m = xa.max(axis=axis, keepdims=True, initial=-np.inf)
-    e = np.exp(xa - m)
-    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
+    e = np.exp(xa - _reference(m))
+    l = e.sum(axis=axis, keepdims=True)  # >= 1, except 0 for a row of only -inf
+    return np.divide(e, l, out=np.zeros_like(e), where=l != 0).astype(x.dtype)
 
 
 def online_softmax(x, block_size: int, axis: int = -1) -> np.ndarray:
@@ -58,5 +80,7 @@ def online_softmax(x, block_size: int, axis: int = -1) -> np.ndarray:
     state = SoftmaxState.empty(xa.shape[:-1], dtype=xa.dtype)
     for start in range(0, xa.shape[-1], block_size):
         state = state.update(xa[..., start : start + block_size])
-    out = np.exp(xa - _reference(state.m)[..., None]) / state.l[..., None]
+    e = np.exp(xa - _reference(state.m)[..., None])  # (..., N)
+    l = state.l[..., None]  # (..., 1): 0 only for a row of only -inf, whose weights are 0
+    out = np.divide(e, l, out=np.zeros_like(e), where=l != 0)
     return np.moveaxis(out, -1, axis).astype(x.dtype)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_block
+from ._checks import FLOAT_DTYPES, as_float_array, check_block
 
 
 def _reference(m: np.ndarray) -> np.ndarray:
@@ -57,22 +57,49 @@ class SoftmaxState:
     l: np.ndarray  # (...)
     o: np.ndarray | None = None  # (..., dv)
 
+    def __post_init__(self):
+        """Check the fields once, at construction: float arrays, one row shape for m and l.
+
+        Array-likes are converted (as every function here converts its inputs);
+        arrays of a float dtype are kept as they are, uncopied.
+        """
+        m, l = as_float_array(self.m, "m"), as_float_array(self.l, "l")  # (...)
+        o = None if self.o is None else as_float_array(self.o, "o")  # (..., dv)
+        if l.shape != m.shape:
+            raise ValueError(f"l has shape {l.shape} but m has {m.shape}; expected one shape")
+        if o is not None and (o.ndim == 0 or o.shape[:-1] != m.shape):
+            raise ValueError(f"o has shape {o.shape}; expected m's shape {m.shape} + (dv,)")
+        if m is not self.m or l is not self.l or o is not self.o:  # converted: store the arrays
+            object.__setattr__(self, "m", m)  # (the dataclass is frozen)
+            object.__setattr__(self, "l", l)
+            object.__setattr__(self, "o", o)
+
     @classmethod
     def empty(cls, shape, dv: int | None = None, dtype=np.float64) -> SoftmaxState:
-        """The state before any score is seen: ``m = -inf``, ``l = 0``, ``o = 0``."""
+        """The state before any score is seen: ``m = -inf``, ``l = 0``, ``o = 0``.
+
+        ``shape`` is the row shape, ``dv`` the output width (None: no ``o``),
+        ``dtype`` float16, float32 or float64.
+        """
         shape = tuple(shape)
+        if dv is not None:
+            dv = check_block(dv, "dv", minimum=0)
+        if np.dtype(dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"dtype is {np.dtype(dtype)}; expected float16, float32 or float64")
         m = np.full(shape, -np.inf, dtype=dtype)
         l = np.zeros(shape, dtype=dtype)
         o = None if dv is None else np.zeros(shape + (dv,), dtype=dtype)
         return cls(m, l, o)
 
     @classmethod
-    def from_scores(cls, s: np.ndarray, v: np.ndarray | None = None) -> SoftmaxState:
+    def from_scores(cls, s, v=None) -> SoftmaxState:
         """The state of one block on its own; shapes of ``s`` and ``v`` as in ``update``."""
+        s = as_float_array(s, "s")
+        v = None if v is None else as_float_array(v, "v")
         dv = None if v is None else v.shape[-1]
         return cls.empty(s.shape[:-1], dv, s.dtype).update(s, v)
 
-    def update(self, s: np.ndarray, v: np.ndarray | None = None) -> SoftmaxState:
+    def update(self, s, v=None) -> SoftmaxState:
         """Fold in one block of scores ``s (..., Br, Bc)`` (and values ``v (..., Bc, dv)``).
 
         ``s`` has one row of ``Bc`` scores per row of the state. The ``Br`` rows
@@ -84,9 +111,11 @@ class SoftmaxState:
         sums by ``exp(m_old - m_new)``, add the new block's exponentials on the
         new scale. Masked scores are ``-inf`` and contribute exactly zero.
         """
+        s = as_float_array(s, "s")  # arrays pass through uncopied: this is the inner loop
+        v = None if v is None else as_float_array(v, "v")
         if (v is None) != (self.o is None):
             raise ValueError("v must be given exactly when the state tracks an output o")
-        if s.shape[:-1] != self.m.shape:
+        if s.ndim == 0 or s.shape[:-1] != self.m.shape:
             raise ValueError(f"s has shape {s.shape}; expected {self.m.shape} + (Bc,)")
         if v is not None and v.shape != s.shape[:-2] + s.shape[-1:] + self.o.shape[-1:]:
             raise ValueError(
@@ -125,10 +154,17 @@ def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     The result does not depend on the order of ``a`` and ``b``, and merging
     is associative up to floating-point rounding.
     """
+    for name, state in (("a", a), ("b", b)):
+        if not isinstance(state, SoftmaxState):
+            raise TypeError(f"{name} must be a SoftmaxState, got {type(state).__name__}")
     if (a.o is None) != (b.o is None):
         raise ValueError("cannot merge a state that tracks an output o with one that does not")
     if a.m.shape != b.m.shape:
         raise ValueError(f"states have different row shapes: a {a.m.shape}, b {b.m.shape}")
+    if a.o is not None and a.o.shape != b.o.shape:
+        raise ValueError(
+            f"states have outputs of different widths dv: a.o {a.o.shape}, b.o {b.o.shape}"
+        )
     m = np.maximum(a.m, b.m)
     shift = _reference(m)
     alpha_a = np.exp(a.m - shift)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import flashref.gpu as fg
+from flashref import tiled_attention
 
 
 @pytest.fixture
@@ -113,6 +114,47 @@ def test_selfcheck_and_bench_report_missing_gpu(no_cupy, monkeypatch, tmp_path):
 def test_argument_errors(no_cupy, kwargs, inputs, error, match):
     with pytest.raises(error, match=match):
         fg.flash_attention(*inputs, **kwargs)
+
+
+# causal, return_lse and scale: the same rules, and the same messages, as the NumPy functions.
+NOT_BOOLS = ["False", None, 0, 1, 1.0, np.int64(1)]
+
+
+@pytest.mark.parametrize("flag", ["causal", "return_lse"])
+@pytest.mark.parametrize("bad", NOT_BOOLS, ids=repr)
+def test_flags_follow_the_cpu_rule(no_cupy, flag, bad):
+    q = _inputs()[0]
+    with pytest.raises(TypeError) as cpu:
+        tiled_attention(q, q, q, **{flag: bad})
+    with pytest.raises(TypeError) as gpu:
+        fg.flash_attention(q, q, q, **{flag: bad})
+    assert str(gpu.value) == str(cpu.value) == f"{flag} must be a bool, got {type(bad).__name__}"
+
+
+def test_numpy_bools_pass_the_argument_checks(no_cupy):
+    q = _inputs()[0]
+    with pytest.raises(fg.GPUUnavailableError):  # what stops the call is the missing GPU
+        fg.flash_attention(q, q, q, causal=np.True_, return_lse=np.False_)
+
+
+@pytest.mark.parametrize(
+    "bad", [np.inf, np.nan, 0.0, 1e300, -1e39, 1e-50, 10**400, "0.5", True, np.True_], ids=repr
+)
+def test_scale_follows_the_cpu_rule(no_cupy, bad):
+    q = _inputs("float16")[0]  # float16: accumulated in float32 on the CPU and on the GPU
+    with pytest.raises((TypeError, ValueError)) as cpu:
+        tiled_attention(q, q, q, scale=bad)
+    with pytest.raises(type(cpu.value)) as gpu:
+        fg.flash_attention(q, q, q, scale=bad)
+    assert type(gpu.value) is type(cpu.value) and str(gpu.value) == str(cpu.value)
+    assert "scale" in str(gpu.value)
+
+
+def test_scales_the_kernels_take(no_cupy):
+    q = _inputs("float16")[0]
+    for scale in (-0.5, 3, np.float16(0.25), 1e30):  # negative included: the kernels fold it
+        with pytest.raises(fg.GPUUnavailableError):
+            fg.flash_attention(q, q, q, scale=scale)
 
 
 def test_shape_errors_name_the_argument(no_cupy):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -145,3 +147,80 @@ def test_seed_example_weights():
         # 1000 + log(i) is rounded to ulp(1000)/2 = 5.7e-14, so weights agree to ~1e-13.
         assert_close(out, expected, 1e-12, "seed weights")
     assert math.isclose(sum(safe_softmax(x)), 1.0, rel_tol=1e-15)
+
+
+# ---- rows that are not ordinary numbers ------------------------------------------------------
+
+SOFTMAX = {
+    "naive": naive_softmax,
+    "safe": safe_softmax,
+    "online": lambda x, axis=-1: online_softmax(x, 3, axis=axis),
+}
+
+
+@pytest.mark.parametrize("name", SOFTMAX)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_a_row_of_only_minus_inf_gives_zeros_without_a_warning(name, dtype, axis):
+    # The attention functions' rule for a fully masked query, and SoftmaxState's for an
+    # empty row (m = -inf, l = 0, result 0). The other rows must not notice.
+    x = random_scores(np.random.default_rng(4), (4, 7), spread=2.0).astype(dtype)
+    x[2] = -np.inf
+    fn = SOFTMAX[name]
+    with no_warnings():  # along axis 0 the same numbers are columns: x.T (7, 4)
+        out = fn(x, axis=-1) if axis == -1 else fn(x.T, axis=0).T
+    assert out.dtype == dtype
+    assert (out[2] == 0).all() and not np.signbit(out[2]).any()
+    others = [0, 1, 3]
+    with no_warnings():  # the other rows: exactly what they give on their own
+        alone = fn(x[others])
+    assert out[others].tobytes() == alone.tobytes()
+
+
+def test_only_minus_inf_rows_warn_nowhere_under_w_error():
+    code = (
+        "import numpy as np, flashref as f\n"
+        "x = np.full((2, 5), -np.inf); x[1] = 0.0\n"
+        "for out in (f.naive_softmax(x), f.safe_softmax(x), f.online_softmax(x, 2)):\n"
+        "    assert (out[0] == 0).all() and (out[1] == 0.2).all(), out\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_naive_softmax_still_fails_on_a_row_that_underflows():
+    # Only a row of -inf is defined as zeros: a finite row whose exp underflows to 0 is
+    # still 0/0 = NaN with NumPy's warning, as chapter 1 shows.
+    x = np.array([[-1000.0, -999.0, -998.0], [-np.inf, -np.inf, -np.inf]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = naive_softmax(x)
+    assert np.isnan(out[0]).all() and (out[1] == 0).all()
+    assert [str(w.message) for w in caught] == ["invalid value encountered in divide"]
+
+
+@pytest.mark.parametrize("name", SOFTMAX)
+def test_a_nan_makes_its_row_nan(name):
+    x = np.array([[0.5, np.nan, 1.0], [-np.inf, np.nan, -np.inf], [0.0, 1.0, 2.0]])
+    with no_warnings():
+        out = SOFTMAX[name](x)
+    assert np.isnan(out[:2]).all()
+    assert_close(out[2], softmax_ref(x[2]), RTOL64, "the ordinary row")
+
+
+@pytest.mark.parametrize("name", SOFTMAX)
+def test_a_plus_inf_gives_what_the_module_docstring_says(name):
+    # safe and online: inf - inf is NaN, so the whole row; naive: inf / inf at the +inf
+    # entries, finite / inf = 0 elsewhere. NumPy warns about the invalid operation.
+    x = np.array([[1.0, np.inf, -np.inf, 2.0], [0.0, 1.0, 2.0, 3.0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = SOFTMAX[name](x)
+    assert caught and all("invalid value" in str(w.message) for w in caught)
+    if name == "naive":
+        np.testing.assert_array_equal(out[0], [0.0, np.nan, 0.0, 0.0])
+    else:
+        assert np.isnan(out[0]).all()
+    assert_close(out[1], softmax_ref(x[1]), RTOL64, "the ordinary row")

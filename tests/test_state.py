@@ -226,3 +226,80 @@ def test_merge_with_an_empty_state_is_the_identity_bitwise():
     with no_warnings():  # exp(-inf - m) = 0 exactly and exp(m - m) = 1 exactly
         assert_states_bitwise_equal(merge_states(a, empty), a)
         assert_states_bitwise_equal(merge_states(empty, empty), empty)
+
+
+# ---- what a state accepts: checked once, at construction and per call, without copies -----
+
+
+def test_construction_checks_the_fields():
+    m, l, o = np.zeros(3), np.ones(3), np.zeros((3, 2))
+    with pytest.raises(ValueError, match=r"l has shape \(1,\) but m has \(3,\)"):
+        SoftmaxState(m, np.ones(1))  # no silent broadcast of l over the rows
+    for bad in (np.zeros((2, 2)), np.zeros(3), np.zeros((3, 2, 1)), np.float64(0)):
+        with pytest.raises(
+            ValueError, match=r"o has shape .*; expected m's shape \(3,\) \+ \(dv,\)"
+        ):
+            SoftmaxState(m, l, bad)
+    for name, args in (
+        ("m", (m.astype(int), l)),
+        ("l", (m, l > 0)),
+        ("o", (m, l, o.astype(complex))),
+    ):
+        with pytest.raises(TypeError, match=f"{name} has dtype .*; expected float16"):
+            SoftmaxState(*args)
+
+
+def test_construction_keeps_float_arrays_and_converts_array_likes():
+    m, l, o = np.zeros(3), np.ones(3, dtype=np.float32), np.zeros((3, 2))
+    state = SoftmaxState(m, l, o)
+    assert state.m is m and state.l is l and state.o is o  # no copy in the inner loop
+    listed = SoftmaxState([0.0, 0.0, 0.0], [1.0, 1.0, 1.0], o.tolist())
+    assert_states_bitwise_equal(listed, SoftmaxState(m, l.astype(np.float64), o))
+    scalar = SoftmaxState(-np.inf, 0.0)  # one row, no row axes
+    assert scalar.m.shape == () and scalar.lse() == -np.inf
+
+
+def test_update_and_from_scores_convert_lists_like_every_other_function():
+    s, v = random_part(np.random.default_rng(7), 3, 6, 2)
+    expected = SoftmaxState.empty((3,), dv=2).update(s, v)
+    assert_states_bitwise_equal(
+        SoftmaxState.empty((3,), dv=2).update(s.tolist(), v.tolist()), expected
+    )
+    assert_states_bitwise_equal(SoftmaxState.from_scores(s.tolist(), v.tolist()), expected)
+    with pytest.raises(TypeError, match="s has dtype int64"):
+        SoftmaxState.empty((3,)).update(np.zeros((3, 4), dtype=np.int64))
+    with pytest.raises(TypeError, match="v has dtype bool"):
+        SoftmaxState.empty((3,), dv=2).update(s, v > 0)
+    for call in (lambda: SoftmaxState.empty(()).update(1.0), lambda: SoftmaxState.from_scores(1.0)):
+        with pytest.raises(ValueError, match=r"s has shape \(\); expected \(\) \+ \(Bc,\)"):
+            call()
+
+
+def test_empty_checks_its_arguments():
+    with pytest.raises(ValueError, match="dv must be >= 0, got -1"):
+        SoftmaxState.empty((3,), dv=-1)
+    with pytest.raises(TypeError, match="dv must be an int, got float"):
+        SoftmaxState.empty((3,), dv=2.0)
+    with pytest.raises(TypeError, match="dtype is int64; expected float16"):
+        SoftmaxState.empty((3,), dtype=np.int64)
+    assert SoftmaxState.empty((3,), dv=np.int64(0)).o.shape == (3, 0)
+
+
+@pytest.mark.parametrize("bad", ["x", None, (np.zeros(3), np.ones(3)), np.zeros(3)], ids=repr)
+def test_merge_takes_only_states(bad):
+    a = SoftmaxState.empty((3,))
+    with pytest.raises(TypeError, match=f"b must be a SoftmaxState, got {type(bad).__name__}"):
+        merge_states(a, bad)
+    with pytest.raises(TypeError, match=f"a must be a SoftmaxState, got {type(bad).__name__}"):
+        merge_states(bad, a)
+
+
+@pytest.mark.parametrize("dv_b", [1, 5, 0])
+def test_merge_refuses_outputs_of_different_widths(dv_b):
+    # width 1 would broadcast silently into width 2; width 5 would be NumPy's broadcast error
+    a, b = SoftmaxState.empty((3,), dv=2), SoftmaxState.empty((3,), dv=dv_b)
+    expected = rf"different widths dv: a.o \(3, 2\), b.o \(3, {dv_b}\)"
+    with pytest.raises(ValueError, match=expected):
+        merge_states(a, b)
+    with pytest.raises(ValueError, match=rf"a.o \(3, {dv_b}\), b.o \(3, 2\)"):
+        merge_states(b, a)

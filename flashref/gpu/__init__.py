@@ -19,10 +19,9 @@ works on any machine; calling without CuPy or without a GPU raises
 
 from __future__ import annotations
 
-import math
 import numbers
 
-from .._checks import check_shapes
+from .._checks import check_flag, check_scale, check_shapes
 from .versions import KERNEL_DIR, PREFERENCE, VERSIONS, Version
 
 INSTALL_HINT = (
@@ -122,8 +121,12 @@ def _is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
-def _check_inputs(q, k, v, causal, scale):
-    """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale)."""
+def _check_inputs(q, k, v, causal, scale, return_lse):
+    """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale).
+
+    ``causal``, ``return_lse`` and ``scale`` follow the NumPy functions' rules
+    (``check_flag``, ``check_scale``); the kernels accumulate in float32.
+    """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
             raise TypeError(
@@ -143,16 +146,9 @@ def _check_inputs(q, k, v, causal, scale):
     dtype = dtypes.pop()
     if dtype not in DTYPES:
         raise TypeError(f"q has dtype {dtype}; flashref.gpu supports {', '.join(DTYPES)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale) or scale == 0.0:
-        raise ValueError(f"scale must be finite and nonzero, got {scale}")
-    return dtype, d, scale
+    check_flag(causal, "causal")
+    check_flag(return_lse, "return_lse")
+    return dtype, d, check_scale(scale, d, "float32")
 
 
 def _to_cupy(cp, x, name: str):
@@ -177,16 +173,18 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
             (taken through DLPack without a copy), one dtype: float16 or bfloat16 (the
             tensor-core versions) or float32 (versions 1 and 2). CuPy holds bfloat16 as
             ``ml_dtypes.bfloat16``.
-        causal: top-left causal mask (query i sees keys j <= i).
-        scale: score scale, default ``1/sqrt(d)``; finite and nonzero.
+        causal: top-left causal mask (query i sees keys j <= i); a bool.
+        scale: score scale, default ``1/sqrt(d)``; a real number, finite, nonzero
+            and within float32's range (negative allowed), as on the CPU.
         version: a key of ``VERSIONS``, or None for the fastest that supports
             the dtype and head dim.
-        return_lse: also return ``lse (..., Nq)`` in float32.
+        return_lse: a bool; also return ``lse (..., Nq)`` in float32.
         out: optional contiguous array (..., Nq, d) of q's dtype and kind to write O into.
 
     Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    dtype, d, scale = _check_inputs(q, k, v, causal, scale)
+    dtype, d, scale = _check_inputs(q, k, v, causal, scale, return_lse)
+    causal = bool(causal)  # a NumPy bool passed check_flag
     ver = _check_version(version, dtype, d, causal)
     cp = _require_gpu()
     torch_in = _is_torch(q)
