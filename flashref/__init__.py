@@ -7,6 +7,9 @@ The CPU reference implementations every chapter of the book builds on:
               ``streaming_weighted_sum`` (the one-query worked example)
 - attention:  ``naive_attention``, ``tiled_attention`` (FlashAttention-2 loop
               order), ``tiled_attention_kv_outer`` (Algorithm 1 loop order)
+- backward:   ``naive_attention_backward``, ``tiled_attention_backward``
+              (FlashAttention-2's backward: key/value tiles outside, P recomputed
+              from lse)
 
 GPU kernels live in ``flashref.gpu`` (needs CuPy and an NVIDIA GPU; imported
 only when asked for), exercise checkers in ``flashref.exercises``, benchmarks
@@ -14,6 +17,7 @@ in ``python -m flashref.bench``.
 """
 
 from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
+from .backward import naive_attention_backward, tiled_attention_backward
 from .softmax import naive_softmax, online_softmax, safe_softmax
 from .state import SoftmaxState, merge_states, streaming_weighted_sum
 
@@ -21,11 +25,13 @@ __all__ = [
     "SoftmaxState",
     "merge_states",
     "naive_attention",
+    "naive_attention_backward",
     "naive_softmax",
     "online_softmax",
     "safe_softmax",
     "streaming_weighted_sum",
     "tiled_attention",
+    "tiled_attention_backward",
     "tiled_attention_kv_outer",
 ]
 

@@ -5,10 +5,14 @@ straight from the formula, row by row, in float64, with sums taken by
 ``math.fsum`` (exactly rounded), so that its own error is far below that of
 anything it is used to judge.
 
-Also here: the "same-precision naive" attention, the textbook formula computed
-entirely in one dtype (float32 or float16). Following FlashAttention's own
-tests, a kernel's error against the float64 reference is judged relative to
-the error this naive computation makes on the same inputs.
+``attention_backward_ref`` gives the gradients of attention through the
+softmax's Jacobian, row by row, independently of the library's formula.
+
+Also here: the "same-precision naive" attention, forward and backward, the
+textbook formula computed entirely in one dtype (float32 or float16).
+Following FlashAttention's own tests, a kernel's error against the float64
+reference is judged relative to the error this naive computation makes on the
+same inputs.
 """
 
 from __future__ import annotations
@@ -116,6 +120,81 @@ def attention_naive_lowp(q, k, v, dtype, *, scale=None, causal=False, mask=None)
     return O, lse
 
 
+def attention_backward_ref(q, k, v, do, *, scale=None, causal=False, mask=None):
+    """Gradients of ``sum(O * do)`` in float64 through the softmax's Jacobian, one query row
+    at a time: returns ``(dq, dk, dv), (size_q, size_k, size_v)``.
+
+    For query i with allowed keys J: ``s = scale * K_J q_i``, ``p = softmax(s)``,
+    ``O_i = V_J^T p``. Back through ``O_i``: ``dv_J += outer(p, do_i)`` and
+    ``dp = V_J do_i``. Back through the softmax: ``ds = Jac dp`` with the Jacobian
+    ``Jac = diag(p) - outer(p, p)`` formed explicitly. Back through ``s``:
+    ``dq_i = scale * K_J^T ds`` and ``dk_J += scale * outer(ds, q_i)``. A row with no
+    allowed key adds nothing. Written from these formulas alone: no lse, no O, no D.
+
+    The sizes are the same computation on absolute values, with the two terms of
+    ``ds_j = p_j dp_j - p_j (p . dp)`` counted separately: the size of the terms each
+    gradient entry sums. Rounding error is bounded by a
+    multiple of the unit roundoff times this size (the standard error bound of a sum of
+    products), not times the gradient itself, which can be small by cancellation (the
+    terms of ``ds`` always sum to zero).
+    """
+    q, k, v, do = (np.asarray(a, dtype=np.float64) for a in (q, k, v, do))
+    Nq, d = q.shape[-2:]
+    Nk = k.shape[-2]
+    batch = q.shape[:-2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    allowed = allowed_pairs(Nq, Nk, causal, mask, batch)  # (..., Nq, Nk)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    size_q, size_k, size_v = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in np.ndindex(batch):
+        for i in range(Nq):
+            keys = np.flatnonzero(allowed[b + (i,)])
+            if keys.size == 0:
+                continue
+            K, V = k[b][keys], v[b][keys]  # (n, d), (n, dv)
+            q_i, do_i = q[b + (i,)], do[b + (i,)]  # (d,), (dv,)
+            s = scale * (K @ q_i)  # (n,)
+            e = np.exp(s - s.max())
+            p = e / math.fsum(e)  # (n,)
+            jacobian = np.diag(p) - np.outer(p, p)  # (n, n): d p / d s
+            ds = jacobian @ (V @ do_i)  # (n,)
+            dq[b + (i,)] = scale * (K.T @ ds)
+            dk[b][keys] += scale * np.outer(ds, q_i)
+            dv[b][keys] += np.outer(p, do_i)
+            dp_size = np.abs(V) @ np.abs(do_i)  # (n,)
+            ds_size = p * dp_size + p * (p @ dp_size)  # (n,): the two terms of Jac dp
+            size_q[b + (i,)] = abs(scale) * (np.abs(K).T @ ds_size)
+            size_k[b][keys] += abs(scale) * np.outer(ds_size, np.abs(q_i))
+            size_v[b][keys] += np.outer(p, np.abs(do_i))
+    return (dq, dk, dv), (size_q, size_k, size_v)
+
+
+def attention_backward_naive_lowp(q, k, v, do, dtype, *, scale=None, causal=False, mask=None):
+    """The textbook backward pass with every step rounded to ``dtype``: ``(dq, dk, dv)``.
+
+    The forward as in ``attention_naive_lowp`` (P materialised), then ``dV = P^T dO``,
+    ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``, ``dQ = scale dS K``,
+    ``dK = scale dS^T Q``, all in ``dtype``: the yardstick for low-precision gradients.
+    Every row must have at least one allowed key.
+    """
+    dt = np.dtype(dtype)
+    q, k, v, do = (np.asarray(a).astype(dt) for a in (q, k, v, do))
+    Nq, d = q.shape[-2:]
+    Nk = k.shape[-2]
+    scale = dt.type(1.0 / math.sqrt(d) if scale is None else scale)
+    S = scale * (q @ np.swapaxes(k, -1, -2))  # (..., Nq, Nk), in dt
+    S = np.where(allowed_pairs(Nq, Nk, causal, mask, q.shape[:-2]), S, dt.type(-np.inf))
+    P = np.exp(S - S.max(axis=-1, keepdims=True))  # (..., Nq, Nk)
+    P = P / P.sum(axis=-1, keepdims=True, dtype=dt)
+    O = (P @ v).astype(dt)  # (..., Nq, dv)
+    dv = np.swapaxes(P, -1, -2) @ do  # (..., Nk, dv)
+    dP = do @ np.swapaxes(v, -1, -2)  # (..., Nq, Nk)
+    dS = P * (dP - np.sum(do * O, axis=-1, keepdims=True, dtype=dt))  # (..., Nq, Nk)
+    dq = scale * (dS @ k)  # (..., Nq, d)
+    dk = scale * (np.swapaxes(dS, -1, -2) @ q)  # (..., Nk, d)
+    return dq.astype(dt), dk.astype(dt), dv.astype(dt)
+
+
 def softmax_lowp(x, dtype, axis: int = -1) -> np.ndarray:
     """The max-subtracted softmax with every step rounded to ``dtype`` (the yardstick)."""
     dt = np.dtype(dtype)
@@ -162,6 +241,21 @@ def assert_close(actual, expected, rtol: float, what: str = "result") -> None:
         assert np.array_equal(sign(a), sign(e)), f"{what}: {name} positions differ"
     err = rel_error(a, e)
     assert err <= rtol, f"{what}: relative error {err:.3e} > {rtol:.1e}"
+
+
+def assert_grads_close(actual, expected, sizes, rtol: float, what: str = "gradients") -> None:
+    """NaN-safe comparison of ``(dq, dk, dv)`` with the reference's, each error measured
+    against the size of the terms its entries sum (``attention_backward_ref``).
+
+    Same shapes, NaN and +-inf in exactly the same places (as ``assert_close``), and
+    ``max|actual - expected| <= rtol * max(size)`` over the finite entries of each.
+    """
+    for name, a, e, size in zip(("dq", "dk", "dv"), actual, expected, sizes, strict=True):
+        assert_close(a, e, math.inf, f"{what} {name}")  # shapes, NaN and inf positions only
+        finite = np.isfinite(e)
+        err = float(np.abs(np.asarray(a, dtype=np.float64)[finite] - e[finite]).max(initial=0))
+        bound = rtol * float(np.asarray(size).max(initial=0))
+        assert err <= bound, f"{what} {name}: error {err:.3e} > {rtol:.1e} x term size"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,163 @@
+"""The backward pass of attention in NumPy: the naive reference and FlashAttention-2's loop.
+
+Given the forward's output ``O``, its log-sum-exp ``lse`` and the gradient ``dO`` of some
+loss with respect to ``O``, return the gradients with respect to q, k and v. With
+``S = scale * Q K^T`` (disallowed pairs ``-inf``) and the softmax ``P = exp(S - lse)``,
+recomputed from ``lse`` instead of stored, the chain rule gives
+
+    dV = P^T dO                dP = dO V^T
+    dS = P * (dP - D)          D = rowsum(dO * O), one number per query
+    dQ = scale * dS K          dK = scale * dS^T Q
+
+``D`` comes from the softmax's Jacobian: ``dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)``, and
+since ``O_i = sum_k P_ik V_k`` that sum is ``dO_i . O_i``, so it costs one dot product per
+query instead of a pass over the keys.
+
+Shapes (``...`` are batch/head dims, equal across every argument):
+    q (..., Nq, d)   k (..., Nk, d)   v (..., Nk, dv)   o, do (..., Nq, dv)   lse (..., Nq)
+    ->   dq, dk, dv with the shapes and dtypes of q, k, v
+
+Conventions as in ``flashref.attention``: ``scale`` defaults to
+``1/sqrt(d)``, ``causal`` is aligned top-left, ``mask`` is boolean with True meaning "may
+attend". ``o`` and ``lse`` are what the forward returned (``return_lse=True``) for the same
+q, k, v, scale, causal and mask. The arithmetic is done in the forward's accumulation dtype
+(float32 for float16/32 q, k, v; float64 for float64), so that P is recomputed as the
+forward computed it; o, lse and do are cast into it. A query whose ``lse`` is ``-inf`` saw
+no key: its P is zero, so it adds nothing to dk and dv and its dq row is zero, without NaN
+and without warning. A NaN in an input is not an error: it propagates, and as in the
+forward it can also reach the rows of its tile that may not attend to it (``0 * NaN``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checks import as_float_array, check_block, check_flag
+from .attention import _allowed, _load, _prepare
+
+
+def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask):
+    """Validate every argument before any work (q, k, v, scale and mask as the forward does)."""
+    q, k, v, mask, scale, _ = _prepare(q, k, v, scale, mask)
+    causal = check_flag(causal, "causal")
+    o = as_float_array(o, "o")
+    lse = as_float_array(lse, "lse")
+    do = as_float_array(do, "do")
+    o_shape = q.shape[:-1] + v.shape[-1:]
+    for name, arr in (("o", o), ("do", do)):
+        if arr.shape != o_shape:
+            raise ValueError(
+                f"{name} has shape {arr.shape}; expected {o_shape} (..., Nq, dv) "
+                f"for q {q.shape} and v {v.shape}"
+            )
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(
+            f"lse has shape {lse.shape}; expected {q.shape[:-1]} (..., Nq) for q {q.shape}"
+        )
+    return q, k, v, o, lse, do, mask, scale, causal
+
+
+def _lse_for_exp(lse, dtype) -> np.ndarray:
+    """``lse`` in ``dtype`` with ``-inf`` replaced by ``+inf``, so that ``exp(S - lse)`` is 0.
+
+    A query that saw no key has ``lse = -inf`` and every score ``-inf``: ``exp(-inf - -inf)``
+    would be NaN. With ``+inf`` instead, ``S - lse`` is ``-inf`` whatever S is, and P is 0.
+    A NaN stays NaN.
+    """
+    L = lse.astype(dtype)  # (..., Nq), a copy
+    L[np.isneginf(L)] = np.inf
+    return L
+
+
+def _finish(q, k, v, dQ, dK, dV):
+    """The gradients in the dtypes of the inputs they belong to."""
+    return (
+        dQ.astype(q.dtype, copy=False),
+        dK.astype(k.dtype, copy=False),
+        dV.astype(v.dtype, copy=False),
+    )
+
+
+def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=None):
+    """The backward pass the textbook way: every (..., Nq, Nk) matrix materialised at once.
+
+    Returns ``(dq, dk, dv)``. Its memory grows with Nq * Nk (S, P, dP and dS), which is
+    what the tiled version removes. See the module docstring for the formulas, shapes,
+    dtypes and conventions.
+    """
+    q, k, v, o, lse, do, mask, scale, causal = _prepare_backward(
+        q, k, v, o, lse, do, scale, causal, mask
+    )
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    acc = scale.dtype
+    Q, K, V = _load(q, range(Nq), acc, scale), _load(k, range(Nk), acc), _load(v, range(Nk), acc)
+    O, dO = _load(o, range(Nq), acc), _load(do, range(Nq), acc)  # (..., Nq, dv) each
+    L = _lse_for_exp(lse, acc)  # (..., Nq)
+    S = Q @ np.swapaxes(K, -1, -2)  # (..., Nq, Nk)
+    allowed = _allowed(mask, causal, range(Nq), range(Nk))
+    if allowed is not None:
+        S = np.where(allowed, S, -np.inf)
+    P = np.exp(S - L[..., None])  # (..., Nq, Nk), the forward's softmax
+    dV = np.swapaxes(P, -1, -2) @ dO  # (..., Nk, dv)
+    dP = dO @ np.swapaxes(V, -1, -2)  # (..., Nq, Nk)
+    D = np.sum(dO * O, axis=-1)  # (..., Nq)
+    dS = P * (dP - D[..., None])  # (..., Nq, Nk)
+    dQ = scale * (dS @ K)  # (..., Nq, d)
+    dK = np.swapaxes(dS, -1, -2) @ Q  # (..., Nk, d); Q already carries the scale
+    return _finish(q, k, v, dQ, dK, dV)
+
+
+def tiled_attention_backward(
+    q, k, v, o, lse, do, *, block_q=64, block_k=64, scale=None, causal=False, mask=None
+):
+    """FlashAttention-2's backward pass in NumPy: key/value tiles outside, query tiles inside.
+
+    Returns ``(dq, dk, dv)``. First ``D = rowsum(dO * O)`` for every query, once. Then the
+    outer loop takes ``Bc = block_k`` keys and values at a time and keeps their gradients
+    ``dK_j, dV_j`` on chip; the inner loop streams ``Br = block_q`` queries past them,
+    recomputing the score tile ``S_ij (..., Br, Bc)`` and ``P_ij = exp(S_ij - lse_i)``, and
+    adds each tile's share to ``dK_j``, ``dV_j`` and to ``dQ_i``, which accumulates across
+    key tiles (on a GPU, in global memory by atomics or a second pass). No ``(Nq, Nk)``
+    array is formed: extra memory grows with the block sizes. With ``causal``, query tiles
+    entirely before the key tile's first key are skipped. Conventions as in the module
+    docstring.
+    """
+    Br = check_block(block_q, "block_q")
+    Bc = check_block(block_k, "block_k")
+    q, k, v, o, lse, do, mask, scale, causal = _prepare_backward(
+        q, k, v, o, lse, do, scale, causal, mask
+    )
+    Nq, Nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    batch, acc = q.shape[:-2], scale.dtype
+    L = _lse_for_exp(lse, acc)  # (..., Nq)
+    D = np.empty(batch + (Nq,), dtype=acc)  # (..., Nq)
+    for r0 in range(0, Nq, Br):  # D_i = rowsum(dO_i * O_i), before the main loop
+        rows = range(r0, min(r0 + Br, Nq))
+        D[..., rows.start : rows.stop] = np.sum(_load(do, rows, acc) * _load(o, rows, acc), -1)
+    dQ = np.zeros(batch + (Nq, d), dtype=acc)  # (..., Nq, d), summed over key tiles
+    dK = np.empty(batch + (Nk, d), dtype=acc)  # (..., Nk, d)
+    dV = np.empty(batch + (Nk, dv), dtype=acc)  # (..., Nk, dv)
+    for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
+        cols = range(c0, min(c0 + Bc, Nk))
+        Kj = _load(k, cols, acc)  # (..., Bc, d)
+        Vj = _load(v, cols, acc)  # (..., Bc, dv)
+        dKj = np.zeros(batch + (len(cols), d), dtype=acc)  # (..., Bc, d), on chip
+        dVj = np.zeros(batch + (len(cols), dv), dtype=acc)  # (..., Bc, dv), on chip
+        r_start = c0 // Br * Br if causal else 0  # earlier query tiles see none of these keys
+        for r0 in range(r_start, Nq, Br):  # inner: Tr query tiles
+            rows = range(r0, min(r0 + Br, Nq))
+            Qi = _load(q, rows, acc, scale)  # (..., Br, d), scaled
+            dOi = _load(do, rows, acc)  # (..., Br, dv)
+            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
+            allowed = _allowed(mask, causal, rows, cols)
+            if allowed is not None:
+                S = np.where(allowed, S, -np.inf)
+            P = np.exp(S - L[..., rows.start : rows.stop, None])  # (..., Br, Bc), recomputed
+            dVj += np.swapaxes(P, -1, -2) @ dOi  # (..., Bc, dv)
+            dP = dOi @ np.swapaxes(Vj, -1, -2)  # (..., Br, Bc)
+            dS = P * (dP - D[..., rows.start : rows.stop, None])  # (..., Br, Bc)
+            dQ[..., rows.start : rows.stop, :] += scale * (dS @ Kj)  # (..., Br, d)
+            dKj += np.swapaxes(dS, -1, -2) @ Qi  # (..., Bc, d); Qi already carries the scale
+        dK[..., cols.start : cols.stop, :] = dKj  # each dK_j, dV_j written once
+        dV[..., cols.start : cols.stop, :] = dVj
+    return _finish(q, k, v, dQ, dK, dV)
