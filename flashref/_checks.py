@@ -45,6 +45,16 @@ def check_block(size, name: str) -> int:
     return int(size)
 
 
+def check_flag(value, name: str) -> bool:
+    """A yes/no option such as ``causal``: a Python or NumPy bool, returned as a Python bool.
+
+    Anything else (``"yes"``, 1, None) is refused rather than read by its truthiness.
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def check_scale(scale, d: int) -> float:
     """The softmax scale: ``1/sqrt(d)`` by default, otherwise a real number."""
     if scale is None:
