@@ -10,6 +10,8 @@ The CPU reference implementations every chapter of the book builds on:
 - backward:   ``naive_attention_backward``, ``tiled_attention_backward``
               (FlashAttention-2's backward: key/value tiles outside, P recomputed
               from lse)
+- ring:       ``ring_attention`` (one sequence sharded over simulated devices,
+              K/V blocks passed round a ring), ``RingSchedule``, ``shard_positions``
 
 GPU kernels live in ``flashref.gpu`` (needs CuPy and an NVIDIA GPU; imported
 only when asked for), exercise checkers in ``flashref.exercises``, benchmarks
@@ -18,17 +20,21 @@ in ``python -m flashref.bench``.
 
 from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
 from .backward import naive_attention_backward, tiled_attention_backward
+from .ring import RingSchedule, ring_attention, shard_positions
 from .softmax import naive_softmax, online_softmax, safe_softmax
 from .state import SoftmaxState, merge_states, streaming_weighted_sum
 
 __all__ = [
+    "RingSchedule",
     "SoftmaxState",
     "merge_states",
     "naive_attention",
     "naive_attention_backward",
     "naive_softmax",
     "online_softmax",
+    "ring_attention",
     "safe_softmax",
+    "shard_positions",
     "streaming_weighted_sum",
     "tiled_attention",
     "tiled_attention_backward",

@@ -145,6 +145,30 @@ class SoftmaxState:
         # l = 0 only for rows that saw nothing; a NaN l (NaN input) must propagate, not become 0
         return np.divide(self.o, l, out=np.zeros_like(self.o), where=l != 0)
 
+    @classmethod
+    def from_output(cls, o, lse) -> SoftmaxState:
+        """The state of a finished attention result ``O (..., dv)``, ``lse (...)``, ready to merge.
+
+        A normalised output has thrown away ``m`` and ``l``, but ``lse = m + log(l)`` keeps
+        all that a merge needs: ``m = lse``, ``l = 1``, ``o = O`` describes the same scores
+        (``o / l = O`` and ``m + log(l) = lse``). Rows with ``lse = -inf`` saw no key and
+        become the empty state (``m = -inf``, ``l = 0``, ``o = 0``). This is how a result
+        computed elsewhere (another device in ring attention, another split of the keys
+        in split-KV decoding) joins ``merge_states``. The state is in the common dtype of
+        ``o`` and ``lse``.
+        """
+        o = as_float_array(o, "o")
+        lse = as_float_array(lse, "lse")
+        if o.ndim < 1 or o.shape[:-1] != lse.shape:
+            raise ValueError(
+                f"o has shape {o.shape} and lse {lse.shape}; expected o (..., dv) and lse (...)"
+            )
+        dtype = np.result_type(o.dtype, lse.dtype)
+        empty = np.isneginf(lse)  # (...) rows that saw no key
+        l = np.where(empty, 0, 1).astype(dtype)  # (...)
+        o = np.where(empty[..., None], 0, o).astype(dtype)  # (..., dv)
+        return cls(lse.astype(dtype), l, o)
+
 
 def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     """Combine two partial states over disjoint sets of scores, exactly.
