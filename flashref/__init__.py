@@ -15,7 +15,8 @@ The CPU reference implementations every chapter of the book builds on:
 
 GPU kernels live in ``flashref.gpu`` (needs CuPy and an NVIDIA GPU; imported
 only when asked for), exercise checkers in ``flashref.exercises``, benchmarks
-in ``python -m flashref.bench``.
+in ``python -m flashref.bench``, and the IO model of Theorem 2 (bytes moved
+between HBM and on-chip memory, by loop order) in ``flashref.io_model``.
 """
 
 from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
