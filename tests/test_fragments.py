@@ -14,12 +14,15 @@ tests use the ISA's row/col formulas):
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from flashref.gpu import VERSIONS
+from flashref.gpu import fragment_figures as ff
 from flashref.gpu import fragments as fr
 
 LANES = range(32)
@@ -302,3 +305,65 @@ def test_bad_addresses_are_named():
     for bad in (lambda lane: lane, lambda lane: (lane, -8), lambda lane: (0.5, 0)):
         with pytest.raises(ValueError, match=r"address\(lane\) must return \(row, column\)"):
             fr.ldmatrix_x4_load(bad)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _cell_labels(fig):
+    return [t.get_text() for t in fig.axes[0].texts if "\n" in t.get_text()]
+
+
+def _expected_labels(src, shape, letter, halves, column_blocks):
+    """The labels the maps give, in drawing order: block by block, row by row."""
+    lane_of, reg_of, half_of = fr.owners(src, shape)
+    labels = []
+    for cols in column_blocks:
+        for r in range(shape[0]):
+            for c in cols:
+                half = f".{half_of[r, c]}" if halves == 2 else ""
+                labels.append(f"T{lane_of[r, c]}\n{letter}{reg_of[r, c]}{half}")
+    return labels
+
+
+def test_draw_mma_labels_come_from_the_maps():
+    fig = ff.draw_mma("A")
+    assert fig.get_size_inches()[0] * fig.dpi == 800
+    labels = _cell_labels(fig)
+    assert labels == _expected_labels(fr.fragment_map("A"), (16, 16), "a", 2, [range(16)])
+    assert labels[1] == "T0\na0.1" and labels[8] == "T0\na2.0"  # row 0, columns 1 and 8
+    labels = _cell_labels(ff.draw_mma("B", "C"))
+    assert labels[:128] == _expected_labels(fr.fragment_map("B"), (16, 8), "b", 2, [range(8)])
+    assert labels[128:] == _expected_labels(fr.fragment_map("C"), (16, 8), "c", 1, [range(8)])
+    assert labels[128 + 2] == "T1\nc0"  # fp32: no half
+    with pytest.raises(ValueError, match="at least one of"):
+        ff.draw_mma()
+    with pytest.raises(ValueError, match="operand must be one of"):
+        ff.draw_mma("A", "D")
+
+
+@pytest.mark.parametrize("name", ["Q", "K", "V"])
+def test_draw_load_labels_and_address_lanes(name):
+    load = fr.KERNEL_LOADS[name]
+    fig = ff.draw_load(name)
+    src = fr.ldmatrix_x4_load(load.address, load.trans)
+    letter = "a" if name == "Q" else "b"
+    blocks = [range(8), range(8, 16)]
+    assert _cell_labels(fig) == _expected_labels(src, (16, 16), letter, 2, blocks)
+    arrows = [t for t in fig.axes[0].texts if t.get_text().endswith("\u2192")]
+    assert sorted(t.get_text() for t in arrows) == sorted(f"T{lane}\u2192" for lane in LANES)
+    for t in arrows:  # each sits on the row its lane's address starts
+        row, _ = load.address(int(t.get_text()[1:-1]))
+        assert t.get_position()[1] == row + 0.5
+    with pytest.raises(ValueError, match="name must be one of"):
+        ff.draw_load("S")
+
+
+def test_import_needs_neither_cupy_nor_matplotlib():
+    code = (
+        "import sys\n"
+        "import flashref.gpu.fragments, flashref.gpu.fragment_figures\n"
+        "print('cupy' in sys.modules, 'matplotlib' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
