@@ -9,6 +9,9 @@ tests use the ISA's row/col formulas):
   parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float
 * "Warp-level matrix load instruction: ldmatrix", https://docs.nvidia.com/cuda/
   parallel-thread-execution/#warp-level-matrix-instructions-ldmatrix
+
+The GPU tests (marker ``gpu``) run ``flashref/kernels/probe_fragments.cu`` and
+compare every lane's registers with the library's maps.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from flashref.gpu import VERSIONS
+from flashref.gpu import KERNEL_DIR, VERSIONS
 from flashref.gpu import fragment_figures as ff
 from flashref.gpu import fragments as fr
 
@@ -273,6 +276,13 @@ def test_kernel_p_to_a_is_a_from_c(ver):
     assert found == {reg: fr.a_from_c(reg) for reg in range(4)}
 
 
+def test_probe_uses_the_kernel_patterns():
+    calls = _ldsm_calls(KERNEL_DIR / "probe_fragments.cu")
+    assert len(calls) == 3
+    for name, (trans, _, expression) in zip("QKV", calls, strict=True):
+        _check_call(name, trans, expression)
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -367,3 +377,70 @@ def test_import_needs_neither_cupy_nor_matplotlib():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+# ---------------------------------------------------------------- on the GPU
+
+
+@pytest.fixture(scope="module")
+def probes():
+    import cupy as cp
+
+    module = cp.RawModule(code=(KERNEL_DIR / "probe_fragments.cu").read_text(),
+                          options=("--std=c++17",))  # fmt: skip
+    return cp, module
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,name", [(0, "Q"), (1, "K"), (2, "V")])
+def test_gpu_ldmatrix_registers_are_the_maps(probes, pattern, name):
+    cp, module = probes
+    rows, cols = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    tile = cp.asarray((rows << 8 | cols).astype(np.uint16))  # (16, 16): each entry its (row, col)
+    out = cp.full((32, 4), 0xFFFFFFFF, dtype=cp.uint32)  # poisoned: decodes to (255, 255)
+    module.get_function("probe_ldmatrix")((1,), (32,), (tile, out, np.int32(pattern)))
+    regs = cp.asnumpy(out)  # (32, 4)
+    halves = np.stack([regs & 0xFFFF, regs >> 16], axis=-1)  # (32, 4, 2): half 0 = low bits
+    got = np.stack([halves >> 8, halves & 0xFF], axis=-1).astype(np.int64)  # (32, 4, 2, 2)
+    load = fr.KERNEL_LOADS[name]
+    assert np.array_equal(got, fr.ldmatrix_x4_load(load.address, load.trans))
+    assert np.array_equal(got, load.expected())
+
+
+def _pack(M, src):
+    """(32, regs) uint32: each lane's registers for matrix M (fp16) laid out by src."""
+    bits = M.astype(np.float16)[src[..., 0], src[..., 1]].view(np.uint16)  # (32, regs, 2)
+    return bits[..., 0].astype(np.uint32) | (bits[..., 1].astype(np.uint32) << 16)
+
+
+def _mma(probes, A, B):
+    """D = A B (C = 0) on the tensor cores, returned as each lane's d0..d3, (32, 4)."""
+    cp, module = probes
+    out = cp.full((32, 4), np.nan, dtype=cp.float32)  # poisoned: an unwritten d stays NaN
+    a = cp.asarray(_pack(A, fr.fragment_map("A")))  # (32, 4)
+    b = cp.asarray(_pack(B, fr.fragment_map("B")))  # (32, 2)
+    module.get_function("probe_mma")((1,), (32,), (a, b, out))
+    return cp.asnumpy(out)
+
+
+@pytest.mark.gpu
+def test_gpu_mma_layouts(probes):
+    """Inputs are small integers, so every product and sum is exact in fp16 and fp32.
+
+    A = I and B[k, n] = 8 k + n give D = B: each d reveals its (row, n) (the C map,
+    with A's rows and B's columns). B selecting column n + 8 s of A[r, k] = 16 r + k
+    reveals A. Random integers check the whole product. (No product can see an order
+    of k that A and B share; the ldmatrix probe and the ISA tests pin that.)
+    """
+    C = fr.fragment_map("C")[:, :, 0]  # (32, 4, 2): (row, n) of d0..d3
+    k, n = np.meshgrid(np.arange(16), np.arange(8), indexing="ij")
+    D = _mma(probes, np.eye(16), 8 * k + n)  # (32, 4)
+    assert np.array_equal(D, 8 * C[..., 0] + C[..., 1])
+    r, kk = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    for s in (0, 1):
+        D = _mma(probes, 16 * r + kk, (k == n + 8 * s).astype(float))
+        assert np.array_equal(D, 16 * C[..., 0] + C[..., 1] + 8 * s)
+    rng = np.random.default_rng(8)
+    A, B = rng.integers(-3, 4, (16, 16)), rng.integers(-3, 4, (16, 8))
+    D = _mma(probes, A, B)
+    assert np.array_equal(D, (A @ B)[C[..., 0], C[..., 1]])
