@@ -320,6 +320,15 @@ def test_bad_addresses_are_named():
 # ---------------------------------------------------------------- figures
 
 
+@pytest.fixture
+def close_figures():
+    """The drawings are pyplot figures: close them after each test."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def _cell_labels(fig):
     return [t.get_text() for t in fig.axes[0].texts if "\n" in t.get_text()]
 
@@ -336,7 +345,7 @@ def _expected_labels(src, shape, letter, halves, column_blocks):
     return labels
 
 
-def test_draw_mma_labels_come_from_the_maps():
+def test_draw_mma_labels_come_from_the_maps(close_figures):
     fig = ff.draw_mma("A")
     assert fig.get_size_inches()[0] * fig.dpi == 800
     labels = _cell_labels(fig)
@@ -353,7 +362,7 @@ def test_draw_mma_labels_come_from_the_maps():
 
 
 @pytest.mark.parametrize("name", ["Q", "K", "V"])
-def test_draw_load_labels_and_address_lanes(name):
+def test_draw_load_labels_and_address_lanes(name, close_figures):
     load = fr.KERNEL_LOADS[name]
     fig = ff.draw_load(name)
     src = fr.ldmatrix_x4_load(load.address, load.trans)

@@ -8,8 +8,8 @@ group g = lane >> 2 (the row a quad of lanes shares), lighter as t = lane & 3
 grows. The figures are sized for the book's page (8 inches at 100 dpi, 800 pixels).
 
 matplotlib is imported inside the functions (a book and test dependency, not one
-of the library); each returns a ``matplotlib.figure.Figure`` that is not
-registered with pyplot: display it, or ``fig.savefig(path)``.
+of the library). Each returns a pyplot figure, so a notebook shows it like any
+other (``plt.show()``); ``fig.savefig(path)`` writes it, ``plt.close(fig)`` frees it.
 """
 
 from __future__ import annotations
@@ -66,11 +66,11 @@ def _grid(ax, lane_of, labels, x0: float, fontsize: float, col0: int = 0) -> Non
 
 
 def _figure(units_wide: float, rows: int):
-    from matplotlib.figure import Figure
+    import matplotlib.pyplot as plt
 
     units_wide += 0.3  # right margin
     cell = WIDTH_IN / units_wide  # inches per cell
-    fig = Figure(figsize=(WIDTH_IN, cell * (rows + 2.2)), dpi=DPI)
+    fig = plt.figure(figsize=(WIDTH_IN, cell * (rows + 2.2)), dpi=DPI)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, units_wide)
     ax.set_ylim(rows + 0.2, -2.0)  # row 0 on top, room for titles and column numbers
