@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from flashref.gpu import VERSIONS
+from flashref.gpu import KERNEL_DIR, VERSIONS
 
 pytestmark = pytest.mark.nvcc
 
@@ -51,3 +51,13 @@ def test_kernel_compiles_for_sm90(ver, d, dtype, tmp_path):
     if ver.dtype != "float32" and (ver.number, d) not in KNOWN_SPILLS:
         assert spills.group(1) == spills.group(2) == "0", report
         assert stack.group(1) == "0", report
+
+
+@pytest.mark.parametrize("name", ["probe_fragments.cu"])
+def test_probe_compiles_for_sm90(name, tmp_path):
+    """Kernels that tests launch to read register layouts (not versions): they compile."""
+    path = KERNEL_DIR / name
+    cmd = ["nvcc", "-arch=sm_90", "-cubin", "--resource-usage", "-o", str(tmp_path / "probe.cubin")]
+    proc = subprocess.run([*cmd, str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} {name} failed:\n{proc.stderr}"
+    print(f"\n{name}:\n{proc.stdout + proc.stderr}")
