@@ -252,12 +252,40 @@ LIBRARY = {
 }
 
 
-def _check_call(name, trans, expression):
+# Versions 12 and later take each lane's offset once, in bytes (``a_lane``, ``k_lane``,
+# ``v_lane``, added to the shared-memory base ``Qs`` or folded into ``Ks`` and ``Vs``), and add
+# compile-time byte offsets at each call: ``Qs + a_lane + (mi * 16 * LDS + k0) * 2``.
+LANE_DEF = re.compile(r"const u32 ([akv]_lane) = (.*?);")
+
+
+def _byte_address(expression: str, lane_defs: dict, lane: int, **offsets) -> tuple[int, int]:
+    LDS = 1000
+    names = dict(LDS=LDS, lane=lane, warp=0, wrow0=0, mi=0, k0=0, kk=0, j=0, n=0)
+    names.update(offsets)
+    lanes = {
+        k: eval(v.replace("/", "//"), {"__builtins__": {}}, names) for k, v in lane_defs.items()
+    }
+    names.update(lanes)
+    # Ks and Vs already hold their lane offsets; Qs does where the call does not add a_lane
+    names.update(Qs=0 if "a_lane" in expression else lanes["a_lane"], Ks=lanes["k_lane"],
+                 Vs=lanes["v_lane"], HB=0)  # fmt: skip
+    offset = eval(expression.replace("/", "//"), {"__builtins__": {}}, names)
+    assert offset % 2 == 0, f"odd byte offset {offset} in {expression}"
+    return divmod(offset // 2, LDS)
+
+
+def _check_call(name, trans, expression, lane_defs=None):
     load = fr.KERNEL_LOADS[name]
     assert trans == load.trans, f"{name} load: .trans is {trans}, fragments.py says {load.trans}"
     for lane in LANES:
-        assert _evaluate(expression, lane) == load.address(lane), (name, expression, lane)
-        assert _evaluate(expression, lane, **OFFSETS) == LIBRARY[name](lane), (name, lane)
+        if lane_defs:
+            got = _byte_address(expression, lane_defs, lane)
+            got_offsets = _byte_address(expression, lane_defs, lane, **OFFSETS)
+        else:
+            got = _evaluate(expression, lane)
+            got_offsets = _evaluate(expression, lane, **OFFSETS)
+        assert got == load.address(lane), (name, expression, lane)
+        assert got_offsets == LIBRARY[name](lane), (name, lane)
 
 
 def test_versions_3_to_11_are_checked():
@@ -265,13 +293,19 @@ def test_versions_3_to_11_are_checked():
     assert {v.number for v in PACK_VERSIONS} >= set(range(3, 12))
 
 
+def test_every_tensor_core_version_is_checked():
+    tensor_core = {n for n, v in VERSIONS.items() if v.dtype != "float32"}
+    assert {v.number for v in LDSM_VERSIONS} == tensor_core
+
+
 @pytest.mark.parametrize("ver", LDSM_VERSIONS, ids=lambda v: f"v{v.number}")
 def test_kernel_addresses_are_the_library_patterns(ver):
     calls = _ldsm_calls(ver.path)
     bases = {"Qs": "Q", "Ks": "K", "Vs": "V"}
     assert {bases[base] for _, base, _ in calls} == {"Q", "K", "V"}, calls
+    lane_defs = dict(LANE_DEF.findall(ver.path.read_text())) or None
     for trans, base, expression in calls:
-        _check_call(bases[base], trans, expression)
+        _check_call(bases[base], trans, expression, lane_defs)
 
 
 @pytest.mark.parametrize("ver", PACK_VERSIONS, ids=lambda v: f"v{v.number}")
