@@ -166,6 +166,65 @@ def io_row(case: dict) -> dict:
             "ms": ms / 1e6 if ms else None}  # fmt: skip
 
 
+SOURCE_SECTIONS = ("SourceCounters", "WarpStateStats")
+
+
+def summarise_source_csv(text: str) -> list[dict]:
+    """Per kernel of an ``ncu --page source --print-source sass --csv`` log: the share of the
+    warp-state samples that fell on each SASS opcode, and on each stall reason."""
+    import collections
+    import io
+
+    lines = text.splitlines()
+    names = [ln.split(",")[1].strip('"') for ln in lines if ln.startswith('"Kernel Name"')]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith('"Address"')]
+    out = []
+    for n, start in enumerate(starts):
+        end = starts[n + 1] - 1 if n + 1 < len(starts) else len(lines)
+        rows = list(csv.reader(io.StringIO("\n".join(lines[start:end]))))
+        header, body = rows[0], [r for r in rows[1:] if len(rows[0]) == len(r)]
+        col = {h: i for i, h in enumerate(header)}
+        stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+        by_op, by_stall = collections.Counter(), collections.Counter()
+        op_stall: dict = collections.defaultdict(collections.Counter)
+        for r in body:
+            words = r[col["Source"]].split()
+            if not words:
+                continue
+            op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+            samples = _number(r[col["Warp Stall Sampling (All Samples)"]]) or 0.0
+            by_op[op] += samples
+            for st in stalls:
+                v = _number(r[col[st]]) or 0.0
+                by_stall[st[6:]] += v
+                op_stall[op][st[6:]] += v
+        total = sum(by_op.values()) or 1.0
+        out.append({
+            "kernel": names[n] if n < len(names) else None,
+            "samples": total,
+            "opcode_share": {k: v / total for k, v in by_op.most_common(15)},
+            "stall_share": {k: v / total for k, v in by_stall.most_common()},
+            "opcode_stall_share": {k: {s: v / total for s, v in op_stall[k].most_common(5)}
+                                   for k, _ in by_op.most_common(8)},
+        })  # fmt: skip
+    return out
+
+
+def source_profile(plan: list[dict], workdir: Path) -> list[dict]:
+    """Warp-state sampling per SASS instruction (the kernels compiled with -lineinfo)."""
+    plan_path, log = workdir / "plan.json", workdir / "source.csv"
+    plan_path.write_text(json.dumps(plan))
+    env = {**os.environ, "FLASHREF_NVRTC_FLAGS": "-lineinfo"}
+    cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "-k", "regex:^flash_v",
+           *(a for s in SOURCE_SECTIONS for a in ("--section", s)), "--csv", "--page", "source",
+           "--print-source", "sass", "--log-file", str(log),
+           sys.executable, "-m", "flashref.bench.ncu_target", str(plan_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ncu failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return summarise_source_csv(log.read_text())
+
+
 def _meta(cp) -> dict:
     version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip()
     smi = subprocess.run(
@@ -199,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="d = 64 and N = 4096 only")
     parser.add_argument("--skip-io", action="store_true", help="only the versions' profile")
     parser.add_argument("--versions", type=int, nargs="+", help="profile only these versions")
+    parser.add_argument(
+        "--source", type=int, metavar="VERSION",
+        help="instead: where the warps of VERSION stall, instruction by instruction "
+        "(d = 64 and 128), summarised by opcode into --source-out",
+    )  # fmt: skip
+    parser.add_argument("--source-out", type=Path, default=Path("results/gpu_stall_sampling.json"))
     args = parser.parse_args(argv)
     if shutil.which("ncu") is None:
         print("ncu (Nsight Compute) is not on PATH: nothing profiled. It ships with the CUDA "
@@ -210,6 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(cp)
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)
+    if args.source is not None:
+        plan = [{"impl": f"v{args.source}", "d": d, "causal": False, "dtype": "float16",
+                 **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
+            kernels = source_profile(plan, Path(tmp))
+        rows = [{**case, **k} for case, k in zip(plan, kernels, strict=True)]
+        meta["sections"] = list(SOURCE_SECTIONS)
+        args.source_out.parent.mkdir(parents=True, exist_ok=True)
+        args.source_out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {args.source_out}")
+        return 0
     for path, plan in ((args.out, version_plan(args.quick, args.versions)),
                        (None if args.skip_io else args.io_out, io_plan(args.quick))):  # fmt: skip
         if path is None:

@@ -142,11 +142,11 @@ VERSIONS: dict[int, Version] = {
 PREFERENCE: dict[tuple[str, int | None, bool], int] = {
     **{("float32", None, c): 2 for c in (False, True)},
     ("float16", 64, False): 14,
-    ("float16", 64, True): 17,
+    ("float16", 64, True): 15,
     ("float16", 128, False): 17,
     ("float16", 128, True): 17,
     ("bfloat16", 64, False): 14,
     ("bfloat16", 64, True): 14,
     ("bfloat16", 128, False): 17,
-    ("bfloat16", 128, True): 14,
+    ("bfloat16", 128, True): 17,
 }

@@ -1,0 +1,59 @@
+"""Execute chapter notebooks in place, the way their committed outputs are made.
+
+    python tools/run_notebook.py notebooks/04_tiled_flashattention.ipynb [more.ipynb ...]
+
+Each notebook runs top to bottom in a fresh kernel started in ``notebooks/``. Cells tagged
+``gpu`` run only where ``flashref.gpu.available()``; elsewhere they keep their committed
+outputs, which come from a run on the GPU. Execution counts are renumbered from 1 and the
+notebook's metadata is reduced to the kernel's name, so that a re-run changes the file only
+where an output changed. ``make test`` then checks the result with nbval.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+METADATA = {
+    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+    "language_info": {"name": "python"},
+}
+
+
+def run(path: Path, gpu: bool) -> None:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
+    count = 0
+    with client.setup_kernel():
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            count += 1
+            if "gpu" in cell.metadata.get("tags", []) and not gpu:
+                cell.execution_count = count  # outputs from the GPU run stay as they are
+                continue
+            client.execute_cell(cell, index)
+            cell.execution_count = count
+            cell.metadata.pop("execution", None)
+    nb.metadata = METADATA
+    nbformat.write(nb, path)
+
+
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import flashref.gpu
+
+    gpu = flashref.gpu.available()
+    print(f"GPU cells: {'run' if gpu else 'kept as committed (no GPU here)'}")
+    for name in argv:
+        run(Path(name), gpu)
+        print(f"executed {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
