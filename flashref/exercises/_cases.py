@@ -3,8 +3,10 @@
 Scores near +-1000 (exp overflows or underflows without the shift), the maximum
 in the first or the last tile (every earlier tile must be rescaled), ties, ragged
 tails, tile sizes 1 and larger than N, N = 1, -inf entries, rows of a batch,
-Nq != Nk with causal masking. Each family has its own seeded generator, so a
-checker's cases are the same on every run.
+Nq != Nk with causal masking, and one long sequence for the peak-memory check
+of the tiled exercise. Softmax inputs carry two labels: the streamed exercises
+speak of blocks, safe softmax (which has none) of the row. Each family has its
+own seeded generator, so a checker's cases are the same on every run.
 """
 
 from __future__ import annotations

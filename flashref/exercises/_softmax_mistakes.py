@@ -4,7 +4,8 @@ Each ``wrong_*`` function takes one case's input and returns ``[(mistake name,
 what that wrong algorithm returns)]``. The softmax checkers call them only when
 an answer is wrong, through ``name_mistakes``: a mistake is named when the
 reader's outputs match what that wrong algorithm returns, on every case if
-possible, otherwise on the failing case.
+possible, otherwise on the failing case; on a failing case only if that wrong
+output is itself clearly wrong there (``_nameable``).
 
 The streaming mistakes share one simulator, ``_stream``: a correct online pass
 over one row with a single planted error switched on (no rescaling, rescaling
