@@ -5,8 +5,15 @@ inputs, compares with flashref's float64 reference, and returns a
 ``CheckResult``: it prints as a short report saying which case failed (shape,
 parameters, row), expected against got, and, where the error matches a known
 mistake (no rescaling, rescaling the wrong way, off-by-one tile bounds, wrong
-causal alignment...), the mistake's name. ``bool(result)`` is True when every
-case passed.
+causal alignment, float32 precision...), the mistake's name. ``bool(result)`` is
+True when every case passed.
+
+All six follow one set of rules: ``fn`` must be callable (TypeError otherwise,
+before anything runs); each case is a separate call, whose exception or
+``NotImplementedError`` is reported while the other cases still run, and whose
+warnings are recorded, not raised; the answer must be a plain numpy array (a
+float for the weighted sum, a state for the merge), and anything else is
+refused with a report line saying what came back (see ``_answer``).
 
     from flashref.exercises import check_online_softmax
     check_online_softmax(my_online_softmax)
@@ -20,10 +27,10 @@ from ._report import CheckResult, Failure
 
 # checker name -> submodule that defines it (loaded on first use)
 _CHECKERS = {
-    "check_online_softmax": "softmax",
-    "check_merge_states": "softmax",
-    "check_streaming_weighted_sum": "softmax",
     "check_safe_softmax": "softmax",
+    "check_online_softmax": "softmax",
+    "check_streaming_weighted_sum": "state",
+    "check_merge_states": "state",
     "check_one_query_attention": "attention",
     "check_tiled_attention": "attention",
 }
@@ -36,3 +43,8 @@ def __getattr__(name: str):
         module = importlib.import_module(f".{_CHECKERS[name]}", __name__)
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, checkers included though they load on first use (tab completion)."""
+    return sorted(__all__)

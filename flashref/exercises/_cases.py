@@ -3,11 +3,15 @@
 Scores near +-1000 (exp overflows or underflows without the shift), the maximum
 in the first or the last tile (every earlier tile must be rescaled), ties, ragged
 tails, tile sizes 1 and larger than N, N = 1, -inf entries, rows of a batch,
-Nq != Nk with causal masking. Each family has its own seeded generator, so a
-checker's cases are the same on every run.
+Nq != Nk with causal masking, and one long sequence for the peak-memory check
+of the tiled exercise. Softmax inputs carry two labels: the streamed exercises
+speak of blocks, safe softmax (which has none) of the row. Each family has its
+own seeded generator, so a checker's cases are the same on every run.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,8 +23,20 @@ def rising(rng, shape, lo, hi) -> np.ndarray:
     return np.linspace(lo, hi, shape[-1]) + rng.uniform(-0.5, 0.5, shape)
 
 
-def softmax_inputs() -> list[tuple[str, np.ndarray, int]]:
-    """(description, x float64, block size) for the softmax checkers."""
+class SoftmaxInput(NamedTuple):
+    """One softmax input, labelled for the streamed exercises and for the whole-row one."""
+
+    label: str  # for the exercises that stream in blocks: may speak of blocks
+    whole_row_label: str | None  # for safe softmax, which has no blocks; None: not used there
+    x: np.ndarray  # float64, (N,) or (rows, N)
+    block: int
+
+
+SAME = object()  # a whole-row label the same as the streamed one
+
+
+def softmax_inputs() -> list[SoftmaxInput]:
+    """The softmax checkers' inputs, ordinary first, then adversarial."""
     rng = np.random.default_rng(20240601)
     x_inf = rng.normal(0.0, 2.0, (3, 18))
     x_inf[rng.random((3, 18)) < 0.3] = -np.inf
@@ -28,28 +44,48 @@ def softmax_inputs() -> list[tuple[str, np.ndarray, int]]:
     x_lead = rng.normal(0.0, 2.0, (2, 12))
     x_lead[:, :4] = -np.inf  # a whole first block masked, as with left padding
     far = np.stack([1000.0 + rising(rng, (9,), 0, 4), -1000.0 + rising(rng, (9,), 0, 4)])
-    return [
-        ("ordinary scores", rng.normal(0.0, 2.0, 37), 8),
-        ("rows of a batch", rng.normal(0.0, 3.0, (4, 29)), 5),
+    rows = [
+        ("ordinary scores", SAME, rng.normal(0.0, 2.0, 37), 8),
+        ("rows of a batch", SAME, rng.normal(0.0, 3.0, (4, 29)), 5),
         (
             "scores near 1000, rising: the maximum in the last block",
+            "scores near 1000, rising: the maximum at the end of the row",
             1000 + rising(rng, (3, 20), 0, 12),
             4,
         ),
-        ("scores near -1000", -1000.0 + rising(rng, (2, 23), -6, 6), 6),
-        ("maximum in the first block", rising(rng, (17,), 8, -8), 4),
-        ("ties: the maximum repeated in several blocks", rng.choice([0.0, 2.0, 5.0], (3, 16)), 4),
-        ("one row near 1000, one near -1000", far, 3),
-        ("block size 1", rising(rng, (2, 11), -3, 3), 1),
-        ("block size larger than N", rising(rng, (2, 7), -3, 3), 16),
+        ("scores near -1000", SAME, -1000.0 + rising(rng, (2, 23), -6, 6), 6),
+        (
+            "maximum in the first block",
+            "falling scores: the maximum at the start of the row",
+            rising(rng, (17,), 8, -8),
+            4,
+        ),
+        (
+            "ties: the maximum repeated in several blocks",
+            "ties: the maximum repeated",
+            rng.choice([0.0, 2.0, 5.0], (3, 16)),
+            4,
+        ),
+        ("one row near 1000, one near -1000", SAME, far, 3),
+        ("block size 1", None, rising(rng, (2, 11), -3, 3), 1),
+        ("block size larger than N", None, rising(rng, (2, 7), -3, 3), 16),
         (
             "scores spanning -1000 to 1000 in one row",
+            SAME,
             rng.permutation(np.linspace(-1e3, 1e3, 15)),
             2,
         ),
-        ("-inf entries (masked scores)", x_inf, 4),
-        ("a whole first block of -inf", x_lead, 4),
-        ("N = 1", rng.normal(0.0, 1.0, (3, 1)), 2),
+        ("-inf entries (masked scores)", SAME, x_inf, 4),
+        (
+            "a whole first block of -inf",
+            "the first four scores -inf (left padding)",
+            x_lead,
+            4,
+        ),
+        ("N = 1", SAME, rng.normal(0.0, 1.0, (3, 1)), 2),
+    ]
+    return [
+        SoftmaxInput(label, label if whole is SAME else whole, x, B) for label, whole, x, B in rows
     ]
 
 
@@ -129,3 +165,14 @@ def tiled_cases():
         q = direction + 0.02 * (q - direction)  # queries close to the mean: similar scores
         cases.append(("large scores, maximum in the last tile", q, k, v, 16, 16, causal))
     return cases
+
+
+def memory_case():
+    """A case large enough for its peak memory to show whether the loop tiles (``_memory``).
+
+    Nq = Nk = 2048 with 128 x 128 tiles: the whole score matrix is 32 MiB, a tiled
+    loop's budget 3 MiB. A tiled NumPy loop takes about 0.1 s here.
+    """
+    rng = np.random.default_rng(2024)
+    q, k, v = (rng.standard_normal((2048, 16)) for _ in range(3))
+    return ("a long sequence, peak memory measured", q, k, v, 128, 128, False)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
-
-import numpy as np
 
 WIDTH = 79  # a report line longer than this puts its problem on the next line
 NOT_IMPLEMENTED = "not implemented yet"  # the report for a function that raises NotImplementedError
+PRECISION = "float32 precision: compute in float64, like the inputs"
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class CheckResult:
     exercise: str
     cases_run: int = 0
     failures: list[Failure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # printed last, pass or fail
 
     @property
     def passed(self) -> bool:
@@ -36,28 +37,32 @@ class CheckResult:
 
     def __str__(self) -> str:
         if self.passed:
-            return f"{self.exercise}: all {self.cases_run} cases passed"
-        lines = [
-            f"{self.exercise}: {len(self.failures)} of {self.cases_run} cases failed",
-        ]
-        for f in self.failures[:5]:
-            line = f"- {f.case}: {f.problem}"
-            if len(line) > WIDTH and not f.problem.startswith("\n"):
-                line = f"- {f.case}:\n  {f.problem}"  # the problem on a line of its own
-            lines.append(line)
-            if f.diagnosis:
-                lines.append(f"  likely mistake: {f.diagnosis}")
-        if len(self.failures) > 5:
-            lines.append(f"- ... and {len(self.failures) - 5} more")
-        return "\n".join(lines)
+            lines = [f"{self.exercise}: all {self.cases_run} cases passed"]
+        elif (
+            all(f.problem == NOT_IMPLEMENTED for f in self.failures)
+            and len(self.failures) == self.cases_run
+        ):
+            lines = [
+                f"{self.exercise}: {NOT_IMPLEMENTED} "
+                f"(all {self.cases_run} cases raised NotImplementedError)"
+            ]
+        else:
+            lines = [f"{self.exercise}: {len(self.failures)} of {self.cases_run} cases failed"]
+            for f in self.failures[:5]:
+                line = f"- {f.case}: {f.problem}"
+                if len(line) > WIDTH or "\n" in f.problem:
+                    line = f"- {f.case}:\n  {f.problem}"  # the problem on lines of its own
+                lines.append(line)
+                if f.diagnosis:  # wrapped to the report's width
+                    lines += textwrap.wrap(
+                        f.diagnosis,
+                        WIDTH,
+                        initial_indent="  likely mistake: ",
+                        subsequent_indent="    ",
+                        break_on_hyphens=False,
+                    )
+            if len(self.failures) > 5:
+                lines.append(f"- ... and {len(self.failures) - 5} more")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     __repr__ = __str__
-
-
-def array_problem(expected: np.ndarray, got) -> str | None:
-    """Say why ``got`` is not an array shaped like ``expected``, or None if it is."""
-    if not isinstance(got, np.ndarray):
-        return f"expected a numpy array, got {type(got).__name__}"
-    if got.shape != expected.shape:
-        return f"expected shape {expected.shape}, got shape {got.shape}"
-    return None

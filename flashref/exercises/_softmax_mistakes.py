@@ -4,12 +4,16 @@ Each ``wrong_*`` function takes one case's input and returns ``[(mistake name,
 what that wrong algorithm returns)]``. The softmax checkers call them only when
 an answer is wrong, through ``name_mistakes``: a mistake is named when the
 reader's outputs match what that wrong algorithm returns, on every case if
-possible, otherwise on the failing case.
+possible, otherwise on the failing case; on a failing case only if that wrong
+output is itself clearly wrong there (``_nameable``).
 
 The streaming mistakes share one simulator, ``_stream``: a correct online pass
 over one row with a single planted error switched on (no rescaling, rescaling
-the wrong way, the maximum started at 0, no guard for a block of -inf scores,
-no shift at all, or off-by-one tile bounds).
+the wrong way, exponentiating with the stale maximum, the maximum started at 0,
+no guard for a block of -inf scores, no shift at all, or off-by-one tile bounds).
+
+Without the shift, exp overflows for scores near +1000 and underflows to 0 for
+scores near -1000; ``no_max_name`` says which of the two a case's input causes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..state import SoftmaxState
+from ._answer import TIGHT, excess
 from ._report import CheckResult, Failure
 
 # "The reader's output is what this wrong algorithm returns": equal up to rounding,
@@ -30,6 +35,9 @@ NO_RESCALE_O = "no rescaling of the running output o when the maximum grows"
 WRONG_WAY = "rescaling the wrong way (exp(m_new - m_old) instead of exp(m_old - m_new))"
 OFF_BY_ONE = "off-by-one tile bounds (a score skipped or counted twice)"
 NO_MAX = "not subtracting the maximum (overflow)"
+NO_MAX_UNDERFLOW = "not subtracting the maximum (underflow to 0, then 0/0)"
+NO_MAX_BOTH = "not subtracting the maximum (overflow and underflow)"
+STALE_MAX = "exponentiated with the stale maximum (m_old, not m_new)"
 NO_GUARD = "no guard for a block of only -inf scores (exp(-inf - (-inf)) is NaN)"
 M0_ZERO = "running maximum started at 0 instead of -inf (all-negative rows give 0/0)"
 BLOCK_NORM = "normalised each block by its own sum instead of the total"
@@ -42,6 +50,20 @@ MERGE_NONE = "forgot to rescale both states (added l directly)"
 MERGE_OTHER = "used the other state's maximum"
 MERGE_ADD = "added maxima"
 MERGE_NO_GUARD = "no guard for two empty states (exp(-inf - (-inf)) is NaN)"
+MERGE_SHIFT_AS_M = "stored the shift as m (an empty row keeps m = -inf, not 0)"
+
+_LOG_MAX = float(np.log(np.finfo(np.float64).max))  # exp(x) overflows above this (709.78)
+
+
+def no_max_name(x: np.ndarray) -> str:
+    """Which way exp goes wrong on ``x`` without the shift: overflow, underflow or both."""
+    top = x.reshape(-1, x.shape[-1]).max(axis=-1)  # (rows,)
+    over = bool((top > _LOG_MAX).any())
+    with np.errstate(under="ignore"):
+        under = bool((np.isfinite(top) & (np.exp(top) == 0)).any())  # every exp is 0
+    if over and under:
+        return NO_MAX_BOTH
+    return NO_MAX_UNDERFLOW if under else NO_MAX
 
 
 # --- float64 simulation of a streaming pass, correct or with one planted mistake ----------
@@ -64,9 +86,23 @@ def _tiles(n: int, B: int, bounds: str) -> list[slice]:
 
 
 def _stream(
-    s, v, B, *, alpha_l="right", alpha_o="right", shift=True, guard=True, m0=-np.inf, bounds="ok"
+    s,
+    v,
+    B,
+    *,
+    alpha_l="right",
+    alpha_o="right",
+    shift=True,
+    guard=True,
+    m0=-np.inf,
+    bounds="ok",
+    stale=False,
 ):
-    """One row's (m, l, o, shift) after streaming ``s (N,)`` and ``v (N,)`` in tiles of B."""
+    """One row's (m, l, o, shift) after streaming ``s (N,)`` and ``v (N,)`` in tiles of B.
+
+    ``stale``: the new scores are exponentiated with the maximum before this tile
+    (with ``guard``, the first tile uses its own maximum; without, ``exp(s + inf)``).
+    """
     m, l, o, ref = m0, np.float64(0.0), np.float64(0.0), 0.0
     with np.errstate(all="ignore"):
         for t in _tiles(len(s), B, bounds):
@@ -78,20 +114,22 @@ def _stream(
             else:
                 wrong = np.exp(m_new - m)
             alpha = {"right": right, "wrong": wrong, "none": 1.0}
-            p = np.exp(s[t] - ref)  # (Bc,)
+            p_ref = m if stale and (m > -np.inf or not guard) else ref
+            p = np.exp(s[t] - p_ref)  # (Bc,)
             l = l * alpha[alpha_l] + p.sum()
             o = o * alpha[alpha_o] + (p @ v[t] if v is not None else 0.0)
             m = m_new
     return m, l, o, ref
 
 
-def _stream_variants(values: bool):
-    """(name, keyword arguments of _stream) for each known-wrong streaming algorithm."""
-    out = [(NO_GUARD, {"guard": False}), (M0_ZERO, {"m0": 0.0}), (NO_MAX, {"shift": False})]
+def _stream_variants(values: bool, x: np.ndarray):
+    """(name, keyword arguments of _stream) for each known-wrong streaming algorithm on x."""
+    out = [(NO_GUARD, {"guard": False}), (M0_ZERO, {"m0": 0.0}), (no_max_name(x), {"shift": False})]
     for guard in (True, False):
         out += [
             (NO_RESCALE, {"alpha_l": "none", "alpha_o": "none", "guard": guard}),
             (WRONG_WAY, {"alpha_l": "wrong", "alpha_o": "wrong", "guard": guard}),
+            (STALE_MAX, {"stale": True, "guard": guard}),
         ]
         if values:
             out += [
@@ -119,7 +157,7 @@ def wrong_safe_softmax(x: np.ndarray):
         e_global = np.exp(x - x.max())
         e_col = np.exp(x - x.max(axis=0, keepdims=True))
         return [
-            (NO_MAX, np.exp(x) / np.exp(x).sum(axis=-1, keepdims=True)),
+            (no_max_name(x), np.exp(x) / np.exp(x).sum(axis=-1, keepdims=True)),
             (GLOBAL_MAX, e_global / e_global.sum(axis=-1, keepdims=True)),
             (MIN_SHIFT, e_min / e_min.sum(axis=-1, keepdims=True)),
             (WRONG_AXIS, e / e.sum(axis=0, keepdims=True)),
@@ -143,13 +181,13 @@ def wrong_online_softmax(x: np.ndarray, B: int):
             out[t] = e / e.sum()
         return out
 
-    wrong = [(name, streamed(kw)) for name, kw in _stream_variants(values=False)]
+    wrong = [(name, streamed(kw)) for name, kw in _stream_variants(False, x)]
     return wrong + [(BLOCK_NORM, _rows(x, per_block))]
 
 
 def wrong_weighted_sums(s: np.ndarray, v: np.ndarray, B: int):
     out = []
-    for name, kwargs in _stream_variants(values=True):
+    for name, kwargs in _stream_variants(True, s):
         _, l, o, _ = _stream(s, v, B, **kwargs)
         with np.errstate(all="ignore"):
             out.append((name, o / l))
@@ -162,7 +200,7 @@ def wrong_weighted_sums(s: np.ndarray, v: np.ndarray, B: int):
 
 
 def wrong_merges(a: SoftmaxState, b: SoftmaxState):
-    """Each wrong merge as an (m, l, o) triple; o is None when the states carry none."""
+    """Each wrong merge as an (m, l) pair, or (m, l, o) when the states carry an output."""
     with np.errstate(all="ignore"):
         m = np.maximum(a.m, b.m)
         ref = np.where(np.isneginf(m), 0.0, m)  # the shift used by a correct merge
@@ -170,12 +208,14 @@ def wrong_merges(a: SoftmaxState, b: SoftmaxState):
 
         def merged(m_out, alpha_a, alpha_b):
             l = a.l * alpha_a + b.l * alpha_b
-            o = None if a.o is None else a.o * alpha_a[..., None] + b.o * alpha_b[..., None]
-            return (m_out, l, o)
+            if a.o is None:
+                return (m_out, l)
+            return (m_out, l, a.o * alpha_a[..., None] + b.o * alpha_b[..., None])
 
         added = a.m + b.m
         return [
             (MERGE_NO_GUARD, merged(m, np.exp(a.m - m), np.exp(b.m - m))),
+            (MERGE_SHIFT_AS_M, merged(ref, np.exp(a.m - ref), np.exp(b.m - ref))),
             (MERGE_ONE, merged(m, np.exp(a.m - ref), one)),
             (MERGE_ONE, merged(m, one, np.exp(b.m - ref))),
             (MERGE_NONE, merged(m, one, one)),
@@ -193,57 +233,50 @@ def wrong_merges(a: SoftmaxState, b: SoftmaxState):
 def name_mistakes(result: CheckResult, ran) -> None:
     """Name the wrong algorithms whose outputs match the reader's, in ``result``.
 
-    ``ran`` lists ``(case, got, index of its failure or None)`` for every case the
-    reader's function returned from; ``case.wrong()`` gives the wrong algorithms'
-    outputs on that case and ``case.compare`` the checker's verdict on one.
+    ``ran`` lists ``(case, value, index of its failure or None)`` for every case
+    whose answer was accepted; ``case.wrong()`` gives the wrong algorithms' outputs
+    on that case (the same variants in the same order for every case).
     """
     wrong = [case.wrong() for case, _, _ in ran]
-    matches = []  # per case: names of wrong algorithms the reader's output equals
-    for (case, got, _), predictions in zip(ran, wrong, strict=True):
-        matches.append(
-            {
-                name
-                for name, pred in predictions
-                if _same(pred, got) and case.compare(case.expected, pred) is not None
-            }
-        )
+    same = [
+        [_same(pred, value) for _, pred in w] for w, (_, value, _) in zip(wrong, ran, strict=True)
+    ]
     # A variant "explains" the reader if it matches on every case the reader ran,
     # including the ones that passed (where it must then agree with the reference).
-    n_variants = len(wrong[0])
-    everywhere = []
-    for k in range(n_variants):
-        name = wrong[0][k][0]
-        if name not in everywhere and all(
-            _same(w[k][1], got) for w, (_, got, _) in zip(wrong, ran, strict=True)
-        ):
-            everywhere.append(name)
-    for (_, _, index), names in zip(ran, matches, strict=True):
+    everywhere = [k for k in range(len(wrong[0])) if all(row[k] for row in same)]
+    for (case, value, index), w, row in zip(ran, wrong, same, strict=True):
         if index is None:
             continue
-        named = [n for n in everywhere if n in names] or sorted(names)
+        here = [k for k, hit in enumerate(row) if hit and _nameable(case, w[k][1], value)]
+        named = [w[k][0] for k in everywhere if k in here] or sorted({w[k][0] for k in here})
         if named:
             failure = result.failures[index]
-            result.failures[index] = Failure(failure.case, failure.problem, " or ".join(named))
+            diagnosis = " or ".join(dict.fromkeys(named))  # each name once, in order
+            result.failures[index] = Failure(failure.case, failure.problem, diagnosis)
 
 
-def _state_parts(got):
-    return (getattr(got, "m", None), getattr(got, "l", None), getattr(got, "o", None))
+def _nameable(case, pred, value) -> bool:
+    """May a wrong algorithm's output ``pred``, which matches ``value``, be named here?
+
+    It must be wrong itself, and either reproduce the answer to float64 rounding or
+    lie outside the float32 band: a float32 answer that misses by a hair must not be
+    blamed on a mistake that changes the result by a hair.
+    """
+    if case.distance(pred) <= 1:
+        return False
+    return _same(pred, value, rtol=TIGHT, atol=0.0) or not case.within_float32(pred)
 
 
-def _same(pred, got) -> bool:
-    """NaN-safe 'equal up to rounding' for arrays, floats and (m, l, o) triples."""
-    if pred is None:
-        return True  # a part the check does not look at (o of a state without values)
+def _same(pred, value, rtol=MATCH_RTOL, atol=MATCH_ATOL) -> bool:
+    """NaN-safe 'equal up to rounding' for arrays, floats and (m, l[, o]) tuples."""
     if isinstance(pred, tuple):
-        return all(_same(p, g) for p, g in zip(pred, _state_parts(got), strict=True))
-    if got is None:
-        return False
-    try:
-        g = np.asarray(got, dtype=np.float64)
-    except (TypeError, ValueError):
-        return False
+        return all(_same(p, g, rtol, atol) for p, g in zip(pred, value, strict=True))
     p = np.asarray(pred, dtype=np.float64)
-    if g.shape != p.shape and not (g.size == 1 == p.size):
-        return False
-    g, p = g.reshape(p.shape), p
-    return bool(np.allclose(g, p, rtol=MATCH_RTOL, atol=MATCH_ATOL, equal_nan=True))
+    g = np.asarray(value, dtype=np.float64)
+    if g.shape != p.shape:
+        if g.size != 1 or p.size != 1:
+            return False
+        g = g.reshape(p.shape)
+    with np.errstate(all="ignore"):
+        tol = atol + rtol * np.abs(p)
+    return bool((excess(p, g, tol, nan_matches=True) <= 1).all())
