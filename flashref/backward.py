@@ -38,8 +38,8 @@ from .attention import _allowed, _load, _prepare
 
 def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask):
     """Validate every argument before any work (q, k, v, scale and mask as the forward does)."""
-    q, k, v, mask, scale, _ = _prepare(q, k, v, scale, mask)
     causal = check_flag(causal, "causal")
+    q, k, v, mask, scale, _ = _prepare(q, k, v, scale, mask, causal, False)
     o = as_float_array(o, "o")
     lse = as_float_array(lse, "lse")
     do = as_float_array(do, "do")
