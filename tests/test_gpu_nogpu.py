@@ -234,3 +234,15 @@ def test_default_versions_are_the_fastest_in_the_recorded_run():
     for key, by_version in tflops.items():
         medians = {v: statistics.median(t) for v, t in by_version.items()}
         assert fg.PREFERENCE[key] == max(medians, key=medians.get), key
+
+
+def test_kernel_diff_shows_only_what_a_version_changed():
+    from flashref.gpu.versions import base_of, kernel_diff
+
+    assert base_of(4) == 3 and base_of(9) == 6 and base_of(17) == 14
+    diff = kernel_diff(14, 17).splitlines()
+    assert diff[:2] == ["--- v14_lazy_rescale.cu", "+++ v17_causal_skip.cu"]
+    changed = [line for line in diff if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    assert any("c0 > q0 + wrow0" in line for line in changed)  # the change itself
+    assert len(changed) <= 6  # the re-indented block in between is not a change
+    assert "LDS (D + 8)" in kernel_diff(3, 4)

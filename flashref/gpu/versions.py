@@ -150,3 +150,37 @@ PREFERENCE: dict[tuple[str, int | None, bool], int] = {
     ("bfloat16", 128, False): 17,
     ("bfloat16", 128, True): 17,
 }
+
+
+def code_lines(number: int) -> list[str]:
+    """The lines of version ``number``'s .cu file after its header comment."""
+    lines = VERSIONS[number].path.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if not line.startswith("//"))
+    return lines[first:]
+
+
+def base_of(number: int) -> int:
+    """The version that ``number`` changes, as its header's first line names it."""
+    first = VERSIONS[number].path.read_text().splitlines()[0]
+    m = re.match(r"// version \d+: version (\d+)", first)
+    return int(m.group(1)) if m else number - 1
+
+
+def kernel_diff(old: int, new: int) -> str:
+    """What changed in the code from version ``old`` to ``new``, header comments left out.
+
+    Lines are matched by their text without leading spaces, so a block that only moved in or
+    out by a level of indentation does not show as changed; changed lines are printed as the
+    new file has them, ``-`` for the old version's lines and ``+`` for the new one's.
+    """
+    import difflib
+
+    a, b = code_lines(old), code_lines(new)
+    out = [f"--- {VERSIONS[old].file}", f"+++ {VERSIONS[new].file}"]
+    matcher = difflib.SequenceMatcher(None, [x.strip() for x in a], [x.strip() for x in b])
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        out.append(f"@@ -{i1 + 1},{i2 - i1} +{j1 + 1},{j2 - j1} @@")
+        out += [f"-{line}" for line in a[i1:i2]] + [f"+{line}" for line in b[j1:j2]]
+    return "\n".join(out)
