@@ -19,8 +19,10 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# --all: every page is rebuilt, so a warning cannot hide in a page left from an earlier
+# run, and a changed stylesheet reaches _build/html even when no page changed.
 book: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/jupyter-book build . -W -n --keep-going --all
 	@echo "The book is at: file://$(CURDIR)/_build/html/index.html"
 
 lint: $(STAMP)
