@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,23 @@ def test_previous_and_next_links_walk_the_table_of_contents(book):
     assert walked == order, f"the next-page links go {walked}, the table of contents {order}"
     back = [(page, reports[page].prev) for page in order]
     assert back == list(zip(order, [None, *order[:-1]], strict=True)), back
+
+
+def test_the_index_lists_every_term_of_the_glossary():
+    terms, targets = set(), set()
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "dt" and (attrs.get("id") or "").startswith("term-"):
+                terms.add(attrs["id"])
+            if tag == "a" and "#term-" in (attrs.get("href") or ""):
+                targets.add(attrs["href"].split("#", 1)[1])
+
+    Collect().feed((BOOK / "book" / "glossary.html").read_text(encoding="utf-8"))
+    Collect().feed((BOOK / "genindex.html").read_text(encoding="utf-8"))
+    assert len(terms) >= 30, f"the glossary defines {len(terms)} terms"
+    assert terms <= targets, f"not in the index: {sorted(terms - targets)}"
 
 
 def test_search_finds_a_word_of_the_book(browser, book):
