@@ -3,7 +3,8 @@
 ``check_page`` loads a page at 1280 px with every request to another host refused,
 waits for MathJax, takes a full-page screenshot, runs ``page_checks.js`` inside the
 page, and resolves every link against the built files. Each problem is one line
-that names the page, the element and what is wrong with it.
+that names the page, the element and what is wrong with it. ``check_site`` does
+that for many pages, two browsers at a time; ``search`` asks the book's search page.
 """
 
 from __future__ import annotations
