@@ -16,7 +16,7 @@
 // the compiler a few bytes of spill at 255 registers (its resource report is in chapter 5).
 //
 // Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
-// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
+// by chapter 7; this comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
 // bfloat16 inputs); the PTX wrappers are in mma_common.cuh.

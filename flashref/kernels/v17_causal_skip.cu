@@ -1,20 +1,21 @@
 // version 17: version 14 with causal warps that see no key of a tile skipping it.
 //
-// What changes from version 14: with causal masking, the last key tile of a query block lies
-// across the diagonal. With Br = 128 and Bc = 128 (d = 64) or 64 (d = 128), some of the block's
-// four warps own 32 rows that all come before the tile's first key: every score they would
-// compute is masked. Version 14 computes them anyway (the mma of S and of P V, the softmax),
-// then throws them away as -inf and zero weights. Here such a warp goes straight to the
-// tile's closing barrier (the same barrier instruction as the others: a __syncthreads inside
-// the skipped branch would be a divergent barrier). FlashAttention-2 masks the diagonal tiles
-// but computes them whole.
-// Only causal launches change, and only their diagonal tiles: the saving is about half a
-// tile in every query block's Tr + 1 (d = 128) or (Tr + 1) / 2 (d = 64) tiles, so it is
-// largest for short sequences. At d = 128 the extra branch costs a few bytes of spill at 255
-// registers (the resource report is in chapter 5).
+// What changes from version 14: with causal masking, the last key tiles of a query block lie
+// across the diagonal. At d = 128 (Br = 128, Bc = 64) the last one holds keys q0 + 64 ...
+// q0 + 127, and two of the block's four warps own rows q0 ... q0 + 63, which all come before
+// its first key: every score they would compute is masked. Version 14 computes them anyway
+// (the mma of S and of P V, the softmax), then throws them away as -inf and zero weights. Here
+// such a warp goes straight to the tile's closing barrier (the same barrier instruction as
+// the others: a __syncthreads inside the skipped branch would be a divergent barrier).
+// FlashAttention-2 masks the diagonal tiles but computes them whole. At d = 64 (Br = Bc = 128)
+// a diagonal tile starts at the block's first row, so no warp lies wholly before it and
+// nothing is skipped. Only causal launches at d = 128 change: half of one tile's work out of
+// the 2 (i + 1) tiles of query block i, so the saving is largest for short sequences. The
+// extra branch costs a few bytes of spill at 255 registers at d = 128 (chapter 5 prints the
+// resource report).
 //
 // Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
-// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
+// by chapter 7; this comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
 // bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
