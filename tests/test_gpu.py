@@ -6,7 +6,7 @@ FlashAttention's rule: a kernel's error may be at most about twice the error of
 the naive algorithm run in the kernel's own precision (matmul, softmax, matmul
 on the GPU in fp16 or fp32), measured here on the same inputs, plus a small
 floor for inputs where that naive error happens to be exactly zero, and never
-above an absolute ceiling per dtype (see ``FLOOR`` and ``CEILING``).
+above an absolute ceiling per dtype (``flashref.gpu.tolerances``).
 
 Every launch writes into buffers filled with NaN, so an element the kernel
 forgets to write fails the comparison (NaN never passes).
@@ -21,24 +21,9 @@ import numpy as np
 import pytest
 
 from flashref import naive_attention
+from flashref.gpu.tolerances import CEILING, LSE_TOL, tolerance
 
 pytestmark = pytest.mark.gpu
-
-# Floors: where naive and kernel both happen to be (nearly) exact, e.g. Nk = 1, the 2x rule
-# degenerates to 0; the floor is a few units of the output's rounding.
-#  fp16 output: each element is rounded once to fp16 (relative 2^-11 ~ 4.9e-4); 1e-3 is two such.
-#  fp32 output: __expf's error grows with |x| (2 + 1.2|x| ulp); for the scores that carry the
-#  weight, |x| <= ~10 gives <= 14 ulp ~ 1.7e-6 relative, so 2e-6.
-#  bf16 output: 8 mantissa bits (relative 2^-8 ~ 3.9e-3 per rounding); 8e-3 is two such.
-FLOOR = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 2e-6}
-# Ceilings: whatever the naive error, the kernel must stay under these. fp16: inputs to the
-# second product (P) are rounded to fp16 (2^-11) and so is O: ~1e-3 typical; 4e-3 leaves room
-# for long rows. fp32: the fp32 arithmetic lands far under 1e-5.
-# bf16: the same reasoning with 2^-8 in place of 2^-11: 3.2e-2 (8 roundings).
-CEILING = {"float16": 4e-3, "bfloat16": 3.2e-2, "float32": 1e-5}
-# lse: float32 log(l) + m from fp32 scores; |lse| ~ log(Nk) + max score <= ~15, whose fp32 ulp
-# is ~1e-6; scores are sums of d products (rounding ~ sqrt(d) ulp): 2e-5 (1 + |lse|) covers it.
-LSE_TOL = 2e-5
 
 # (leading dims, Nq, Nk): N = 1, primes, a block size + 1, Nq != Nk both ways, several batch dims
 SHAPES = [
@@ -152,7 +137,7 @@ def test_version_matches_float64(cp, ver, dtype, lead, Nq, Nk, d, causal):
         cp.asnumpy(_naive_same_precision(cp, cp.asarray(q), cp.asarray(k), cp.asarray(v), causal)),
         ref,
     )
-    tol = min(2 * naive_err + FLOOR[dtype], CEILING[dtype])
+    tol = tolerance(dtype, naive_err)
     assert err <= tol, f"rel err {err:.3e} > {tol:.3e} (naive {dtype}: {naive_err:.3e})"
     lse_err = np.abs(got_lse.astype(np.float64) - ref_lse) / (1 + np.abs(ref_lse))
     assert lse_err.max() <= LSE_TOL, f"lse rel err {lse_err.max():.3e}"
