@@ -31,6 +31,7 @@ from flashref import (
     naive_attention,
     naive_attention_backward,
     ring_attention,
+    split_kv_attention,
     tiled_attention,
     tiled_attention_backward,
     tiled_attention_kv_outer,
@@ -42,7 +43,13 @@ from flashref import (
 # mistake (a query head reading the wrong K/V head is off by O(1)).
 RTOL64 = 1e-12
 
-FORWARD = [naive_attention, tiled_attention, tiled_attention_kv_outer]
+
+def split_kv_3(q, k, v, **kw):
+    """split_kv_attention with the keys in three chunks (some empty when Nk < 3)."""
+    return split_kv_attention(q, k, v, num_splits=3, **kw)
+
+
+FORWARD = [naive_attention, tiled_attention, tiled_attention_kv_outer, split_kv_3]
 BACKWARD = [naive_attention_backward, tiled_attention_backward]
 rngs = st.integers(min_value=0, max_value=2**32 - 1).map(np.random.default_rng)
 
@@ -305,6 +312,7 @@ def test_no_kv_copy_per_query_head():
         "naive_attention": lambda: naive_attention(q, k, v),
         "tiled_attention": lambda: tiled_attention(q, k, v, block_k=1024),
         "tiled_attention_kv_outer": lambda: tiled_attention_kv_outer(q, k, v, block_k=1024),
+        "split_kv_attention": lambda: split_kv_attention(q, k, v, num_splits=16),
         "naive_attention_backward": lambda: naive_attention_backward(q, k, v, o, lse, do),
         "tiled_attention_backward": lambda: tiled_attention_backward(
             q, k, v, o, lse, do, block_k=1024
