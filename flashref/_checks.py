@@ -134,18 +134,18 @@ def check_scale(scale, d: int, dtype) -> float:
     return value
 
 
-def group_size(Hq: int, Hkv: int, context: str = "") -> int:
+def group_size(Hq: int, Hkv: int, context: str = "", kv: str = "k") -> int:
     """``G = Hq // Hkv``: how many query heads share each K/V head (grouped-query attention).
 
     ``Hq == Hkv`` (G = 1) is ordinary multi-head attention, ``Hkv == 1`` multi-query
-    attention. Anything but a positive multiple is a ValueError; ``context`` (the shapes,
-    say) is appended to its message.
+    attention. Anything but a positive multiple is a ValueError naming ``kv``, the holder
+    of the K/V heads; ``context`` (the shapes, say) is appended to its message.
     """
     if Hq == Hkv:
         return 1
     if Hkv < 1 or Hq < 1 or Hq % Hkv:
         raise ValueError(
-            f"q has {Hq} heads but k has {Hkv}: the query heads must be a multiple of the "
+            f"q has {Hq} heads but {kv} has {Hkv}: the query heads must be a multiple of the "
             f"K/V heads (query head h uses K/V head h // (Hq // Hkv)){context}"
         )
     return Hq // Hkv

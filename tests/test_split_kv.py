@@ -248,12 +248,21 @@ def test_bad_arguments_are_refused_before_any_work(kw, exc, needles):
 
 @pytest.mark.usefixtures("no_work")
 def test_bad_shapes_are_refused_before_any_work():
-    expect(ValueError, lambda: split_kv_attention(Q, K[:1].repeat(3, 0), V, num_splits=2),
-           "leading (batch/head) dimensions must be equal in k and v")  # fmt: skip
-    expect(ValueError, lambda: split_kv_attention(Q[:3], K, V, num_splits=2),
-           "q has 3 heads but k has 2")  # fmt: skip
-    expect(TypeError, lambda: split_kv_attention(Q.astype(int), K, V, num_splits=2),
-           "q has dtype int64")  # fmt: skip
+    expect(
+        ValueError,
+        lambda: split_kv_attention(Q, K[:1].repeat(3, 0), V, num_splits=2),
+        "leading (batch/head) dimensions must be equal in k and v",
+    )
+    expect(
+        ValueError,
+        lambda: split_kv_attention(Q[:3], K, V, num_splits=2),
+        "q has 3 heads but k has 2",
+    )
+    expect(
+        TypeError,
+        lambda: split_kv_attention(Q.astype(int), K, V, num_splits=2),
+        "q has dtype int64",
+    )
 
 
 def test_num_splits_is_required():
