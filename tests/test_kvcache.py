@@ -449,5 +449,9 @@ def test_numpy_ids_and_an_empty_batch():
     np.testing.assert_array_equal(
         paged_attention(q, cache, np.array([s])), paged_attention(q, cache, [s])
     )
+    np.testing.assert_array_equal(
+        paged_attention(q, cache, [s], causal=np.False_),
+        paged_attention(q, cache, [s], causal=False),
+    )
     O, lse = paged_attention(q[:0], cache, [], return_lse=True)
     assert O.shape == (0, 2, 1, 4) and lse.shape == (0, 2, 1)
