@@ -12,6 +12,14 @@ The CPU reference implementations every chapter of the book builds on:
               from lse)
 - ring:       ``ring_attention`` (one sequence sharded over simulated devices,
               K/V blocks passed round a ring), ``RingSchedule``, ``shard_positions``
+- decode:     ``split_kv_attention`` (Flash-Decoding: the keys cut into chunks whose
+              partial results are merged by their lse), ``split_bounds``, ``KVSplit``
+- kvcache:    ``PagedKVCache`` (a pool of K/V pages, a block table per sequence),
+              ``paged_attention`` (a batch of sequences of different lengths read
+              through their block tables; bottom-right causal), ``CacheFullError``
+
+Every attention function takes grouped-query attention: q (..., Hq, N, d) with k, v
+(..., Hkv, N, d) and Hq a multiple of Hkv.
 
 GPU kernels live in ``flashref.gpu`` (needs CuPy and an NVIDIA GPU; imported
 only when asked for), exercise checkers in ``flashref.exercises``, benchmarks
@@ -21,11 +29,16 @@ between HBM and on-chip memory, by loop order) in ``flashref.io_model``.
 
 from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
 from .backward import naive_attention_backward, tiled_attention_backward
+from .decode import KVSplit, split_bounds, split_kv_attention
+from .kvcache import CacheFullError, PagedKVCache, paged_attention
 from .ring import RingSchedule, ring_attention, shard_positions
 from .softmax import naive_softmax, online_softmax, safe_softmax
 from .state import SoftmaxState, merge_states, streaming_weighted_sum
 
 __all__ = [
+    "CacheFullError",
+    "KVSplit",
+    "PagedKVCache",
     "RingSchedule",
     "SoftmaxState",
     "merge_states",
@@ -33,9 +46,12 @@ __all__ = [
     "naive_attention_backward",
     "naive_softmax",
     "online_softmax",
+    "paged_attention",
     "ring_attention",
     "safe_softmax",
     "shard_positions",
+    "split_bounds",
+    "split_kv_attention",
     "streaming_weighted_sum",
     "tiled_attention",
     "tiled_attention_backward",

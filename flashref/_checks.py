@@ -134,25 +134,56 @@ def check_scale(scale, d: int, dtype) -> float:
     return value
 
 
-def check_shapes(q, k, v) -> None:
+def group_size(Hq: int, Hkv: int, context: str = "", kv: str = "k") -> int:
+    """``G = Hq // Hkv``: how many query heads share each K/V head (grouped-query attention).
+
+    ``Hq == Hkv`` (G = 1) is ordinary multi-head attention, ``Hkv == 1`` multi-query
+    attention. Anything but a positive multiple is a ValueError naming ``kv``, the holder
+    of the K/V heads; ``context`` (the shapes, say) is appended to its message.
+    """
+    if Hq == Hkv:
+        return 1
+    if Hkv < 1 or Hq < 1 or Hq % Hkv:
+        raise ValueError(
+            f"q has {Hq} heads but {kv} has {Hkv}: the query heads must be a multiple of the "
+            f"K/V heads (query head h uses K/V head h // (Hq // Hkv)){context}"
+        )
+    return Hq // Hkv
+
+
+def check_shapes(q, k, v) -> int:
     """The shape rules of attention, for any arrays with a ``.shape`` (NumPy or CuPy).
 
-    q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv) with identical leading
-    (batch/head) dimensions: no broadcasting, no grouped heads; d >= 1.
+    q (..., Hq, Nq, d), k (..., Hkv, Nk, d), v (..., Hkv, Nk, dv), d >= 1, no
+    broadcasting. k and v have identical leading dims; q's equal theirs except on the
+    head axis (-3), where ``Hq`` may be a multiple of ``Hkv`` (grouped-query attention,
+    as ``scaled_dot_product_attention(enable_gqa=True)``). Returns that multiple,
+    ``G = Hq // Hkv`` (1 when the heads are equal, and for 2-D inputs (N, d), which have
+    no head axis). Each refusal is a ValueError naming the shapes.
     """
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim < 2:
             raise ValueError(
                 f"{name} has shape {arr.shape}; expected at least 2 dimensions (..., N, d)"
             )
+    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
     if not (q.ndim == k.ndim == v.ndim):
-        raise ValueError(
-            f"q, k and v must have the same rank; got q {q.shape}, k {k.shape}, v {v.shape}"
-        )
-    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
-        raise ValueError(
-            f"leading (batch/head) dimensions must be equal: q {q.shape}, k {k.shape}, v {v.shape}"
-        )
+        hint = ""
+        if min(q.ndim, k.ndim, v.ndim) == 2:
+            hint = (
+                "; a 2-D array (N, d) has no head axis, so grouped K/V heads need at "
+                "least 3 dimensions in all three: (..., H, N, d)"
+            )
+        raise ValueError(f"q, k and v must have the same rank; got {shapes}{hint}")
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"leading (batch/head) dimensions must be equal in k and v: {shapes}")
+    G = 1
+    if q.ndim >= 3:
+        if q.shape[:-3] != k.shape[:-3]:
+            raise ValueError(
+                f"leading (batch) dimensions before the head axis (-3) must be equal: {shapes}"
+            )
+        G = group_size(q.shape[-3], k.shape[-3], f"; got {shapes}")
     if q.shape[-1] < 1:
         raise ValueError(f"q has shape {q.shape}; the head dim d must be >= 1")
     if k.shape[-1] != q.shape[-1]:
@@ -161,19 +192,20 @@ def check_shapes(q, k, v) -> None:
         raise ValueError(
             f"v has shape {v.shape} but k has {k.shape[-2]} keys; v must be (..., Nk, dv)"
         )
+    return G
 
 
 def check_qkv(q, k, v):
-    """Validate attention inputs; return them as arrays plus the output dtype.
+    """Validate attention inputs; return them as arrays, the output dtype and the group size.
 
-    Float16/32/64 arrays with the shapes of ``check_shapes``.
+    Float16/32/64 arrays with the shapes of ``check_shapes``; ``G = Hq // Hkv``.
     """
     q = as_float_array(q, "q")
     k = as_float_array(k, "k")
     v = as_float_array(v, "v")
-    check_shapes(q, k, v)
+    G = check_shapes(q, k, v)
     out_dtype = np.result_type(q.dtype, k.dtype, v.dtype)
-    return q, k, v, out_dtype
+    return q, k, v, out_dtype, G
 
 
 def check_mask(mask, q: np.ndarray, k: np.ndarray):

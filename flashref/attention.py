@@ -1,7 +1,15 @@
 """Attention in NumPy: the naive reference and tiled FlashAttention.
 
-Shapes (``...`` are batch/head dims, equal across q, k, v):
-    q (..., Nq, d)   k (..., Nk, d)   v (..., Nk, dv)   ->   O (..., Nq, dv)
+Shapes (``...`` are batch dims, equal across q, k, v; ``H`` the head axis, -3):
+    q (..., Hq, Nq, d)   k (..., Hkv, Nk, d)   v (..., Hkv, Nk, dv)   ->   O (..., Hq, Nq, dv)
+
+``Hq == Hkv`` is ordinary multi-head attention. Grouped-query attention (GQA) has
+``Hq`` a multiple of ``Hkv``: each K/V head serves ``G = Hq // Hkv`` consecutive query
+heads, query head ``h`` using K/V head ``h // G`` (``Hkv == 1`` is multi-query
+attention), as in ``scaled_dot_product_attention(enable_gqa=True)``. K and V are never
+copied per query head: the ``G`` query heads of a group are stacked as the rows of one
+tile (``_pack``), which then meets its K/V head once. 2-D inputs ``(N, d)`` have no head
+axis (``G = 1``).
 
 Conventions shared by every function here (and by ``flashref.gpu``):
 
@@ -36,17 +44,18 @@ from .state import SoftmaxState
 
 
 def _prepare(q, k, v, scale, mask, causal, return_lse):
-    """Validate everything before any work; return the inputs uncopied, plus what to cast to.
+    """Validate everything before any work; return the inputs uncopied, plus what to cast to
+    and ``G``, the number of query heads per K/V head.
 
     ``causal`` and ``return_lse`` are only checked: a NumPy bool works as a Python one.
     """
     check_flag(causal, "causal")
     check_flag(return_lse, "return_lse")
-    q, k, v, out_dtype = check_qkv(q, k, v)
+    q, k, v, out_dtype, G = check_qkv(q, k, v)
     acc = accumulation_dtype(out_dtype)
     scale = acc.type(check_scale(scale, q.shape[-1], acc))
     mask = check_mask(mask, q, k)
-    return q, k, v, mask, scale, out_dtype
+    return q, k, v, mask, scale, out_dtype, G
 
 
 def _load(x, rows: range, dtype, scale=None):
@@ -59,20 +68,48 @@ def _load(x, rows: range, dtype, scale=None):
     return tile if scale is None else tile * scale
 
 
-def _allowed(mask, causal: bool, rows: range, cols: range):
-    """Boolean (..., Br, Bc) of pairs that may attend in one tile, or None if all may."""
+def _pack(tile, G: int):
+    """Stack the query heads that share a K/V head: ``(..., Hq, B, w) -> (..., Hkv, G * B, w)``.
+
+    Query heads ``h = j * G .. j * G + G - 1`` all use K/V head ``j``; as rows of one tile
+    they meet ``K_j`` and ``V_j`` in one matrix product, so K and V are never repeated per
+    query head, and the gradients of a shared K/V head sum over its query heads inside that
+    product. Row ``g * B + i`` of the packed tile is row ``i`` of query head ``j * G + g``;
+    ``x.reshape(q_shape)`` undoes it. A plain reshape of the head and row axes: a view when
+    ``G == 1`` (or the layout allows), else a copy of the tile. A GPU decode kernel packs
+    the same way, filling the rows of its matrix unit with the group's heads.
+    """
+    if G == 1:
+        return tile
+    *lead, Hq, B, w = tile.shape
+    return tile.reshape(*lead, Hq // G, G * B, w)  # (..., Hkv, G * B, w)
+
+
+def _allowed(mask, causal: bool, rows: range, cols: range, G: int = 1):
+    """Boolean (..., G * Br, Bc) of pairs that may attend in one packed tile, or None if all
+    may (rows packed as in ``_pack``; ``mask`` broadcast to (..., Hq, Nq, Nk))."""
     allowed = None
     if causal and cols.stop - 1 > rows.start:  # some key in the tile is after some query
         allowed = np.arange(cols.start, cols.stop) <= np.arange(rows.start, rows.stop)[:, None]
+        if G > 1:
+            allowed = np.tile(allowed, (G, 1))  # (G * Br, Bc): every head of the group alike
     if mask is not None:
-        tile = mask[..., rows.start : rows.stop, cols.start : cols.stop]
+        tile = _pack(mask[..., rows.start : rows.stop, cols.start : cols.stop], G)
         allowed = tile if allowed is None else allowed & tile
     return allowed
 
 
-def _finish(state: SoftmaxState, out_dtype, return_lse: bool):
-    out = state.result().astype(out_dtype)
-    return (out, state.lse()) if return_lse else out
+def _store(O, lse, rows: range, state: SoftmaxState) -> None:
+    """Write one packed query tile's result into O (..., Hq, Nq, dv) and lse (..., Hq, Nq)."""
+    O_i = O[..., rows.start : rows.stop, :]  # (..., Hq, Br, dv), a view
+    O_i[...] = state.result().reshape(O_i.shape)  # (..., Hkv, G * Br, dv) back to its heads
+    lse_i = lse[..., rows.start : rows.stop]  # (..., Hq, Br)
+    lse_i[...] = state.lse().reshape(lse_i.shape)
+
+
+def _finish(O, lse, out_dtype, return_lse: bool):
+    O = O.astype(out_dtype, copy=False)
+    return (O, lse) if return_lse else O
 
 
 def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False):
@@ -82,16 +119,18 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     grows with Nq * Nk, which is exactly what tiling removes. See the module
     docstring for shapes, dtypes, the causal convention and masking.
     """
-    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask, causal, return_lse)
-    Nq, Nk = q.shape[-2], k.shape[-2]
+    q, k, v, mask, scale, out_dtype, G = _prepare(q, k, v, scale, mask, causal, return_lse)
+    Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     acc = scale.dtype
-    Q, K, V = _load(q, range(Nq), acc, scale), _load(k, range(Nk), acc), _load(v, range(Nk), acc)
-    S = Q @ np.swapaxes(K, -1, -2)  # (..., Nq, Nk)
-    allowed = _allowed(mask, causal, range(Nq), range(Nk))
+    Q = _pack(_load(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
+    K, V = _load(k, range(Nk), acc), _load(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
+    S = Q @ np.swapaxes(K, -1, -2)  # (..., Hkv, G * Nq, Nk)
+    allowed = _allowed(mask, causal, range(Nq), range(Nk), G)
     if allowed is not None:
         S = np.where(allowed, S, -np.inf)
     state = SoftmaxState.from_scores(S, V)  # one "tile" holding every key
-    return _finish(state, out_dtype, return_lse)
+    O = state.result().reshape(q.shape[:-1] + (dv,))  # (..., Hq, Nq, dv)
+    return _finish(O, state.lse().reshape(q.shape[:-1]), out_dtype, return_lse)
 
 
 def tiled_attention(
@@ -119,29 +158,27 @@ def tiled_attention(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask, causal, return_lse)
+    q, k, v, mask, scale, out_dtype, G = _prepare(q, k, v, scale, mask, causal, return_lse)
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    batch, acc = q.shape[:-2], scale.dtype
-    O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Nq, dv)
-    lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Nq)
+    batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
+    O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Hq, Nq, dv)
+    lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Hq, Nq)
     for r0 in range(0, Nq, Br):  # Tr query tiles
         rows = range(r0, min(r0 + Br, Nq))
-        Qi = _load(q, rows, acc, scale)  # (..., Br, d), scaled
-        state = SoftmaxState.empty(batch + (len(rows),), dv, acc)
+        Qi = _pack(_load(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
+        state = SoftmaxState.empty(kv_batch + (G * len(rows),), dv, acc)
         k_end = min(Nk, rows.stop) if causal else Nk  # later key tiles are fully masked
         for c0 in range(0, k_end, Bc):  # Tc key tiles
             cols = range(c0, min(c0 + Bc, k_end))
-            Kj = _load(k, cols, acc)  # (..., Bc, d)
-            Vj = _load(v, cols, acc)  # (..., Bc, dv)
-            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
-            allowed = _allowed(mask, causal, rows, cols)
+            Kj = _load(k, cols, acc)  # (..., Hkv, Bc, d)
+            Vj = _load(v, cols, acc)  # (..., Hkv, Bc, dv)
+            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
+            allowed = _allowed(mask, causal, rows, cols, G)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             state = state.update(S, Vj)
-        O[..., rows.start : rows.stop, :] = state.result()
-        lse[..., rows.start : rows.stop] = state.lse()
-    O = O.astype(out_dtype, copy=False)
-    return (O, lse) if return_lse else O
+        _store(O, lse, rows, state)
+    return _finish(O, lse, out_dtype, return_lse)
 
 
 def tiled_attention_kv_outer(
@@ -158,27 +195,26 @@ def tiled_attention_kv_outer(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype = _prepare(q, k, v, scale, mask, causal, return_lse)
+    q, k, v, mask, scale, out_dtype, G = _prepare(q, k, v, scale, mask, causal, return_lse)
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    batch, acc = q.shape[:-2], scale.dtype
+    batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
     row_tiles = [range(r0, min(r0 + Br, Nq)) for r0 in range(0, Nq, Br)]
-    states = [SoftmaxState.empty(batch + (len(rows),), dv, acc) for rows in row_tiles]
+    states = [SoftmaxState.empty(kv_batch + (G * len(rows),), dv, acc) for rows in row_tiles]
     for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
         cols = range(c0, min(c0 + Bc, Nk))
-        Kj = _load(k, cols, acc)  # (..., Bc, d)
-        Vj = _load(v, cols, acc)  # (..., Bc, dv)
+        Kj = _load(k, cols, acc)  # (..., Hkv, Bc, d)
+        Vj = _load(v, cols, acc)  # (..., Hkv, Bc, dv)
         for i, rows in enumerate(row_tiles):  # inner: Tr query tiles, each loaded Tc times
             if causal and cols.start > rows.stop - 1:
                 continue  # every key in this tile is after every query: fully masked
-            S = _load(q, rows, acc, scale) @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
-            allowed = _allowed(mask, causal, rows, cols)
+            Qi = _pack(_load(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
+            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
+            allowed = _allowed(mask, causal, rows, cols, G)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             states[i] = states[i].update(S, Vj)
-    O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Nq, dv)
-    lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Nq)
+    O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Hq, Nq, dv)
+    lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Hq, Nq)
     for rows, state in zip(row_tiles, states, strict=True):  # write each O_i, lse_i once
-        O[..., rows.start : rows.stop, :] = state.result()
-        lse[..., rows.start : rows.stop] = state.lse()
-    O = O.astype(out_dtype, copy=False)
-    return (O, lse) if return_lse else O
+        _store(O, lse, rows, state)
+    return _finish(O, lse, out_dtype, return_lse)

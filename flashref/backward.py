@@ -13,9 +13,16 @@ recomputed from ``lse`` instead of stored, the chain rule gives
 since ``O_i = sum_k P_ik V_k`` that sum is ``dO_i . O_i``, so it costs one dot product per
 query instead of a pass over the keys.
 
-Shapes (``...`` are batch/head dims, equal across every argument):
-    q (..., Nq, d)   k (..., Nk, d)   v (..., Nk, dv)   o, do (..., Nq, dv)   lse (..., Nq)
+Shapes (``...`` are batch dims, equal across every argument; heads on axis -3):
+    q (..., Hq, Nq, d)   k (..., Hkv, Nk, d)   v (..., Hkv, Nk, dv)
+    o, do (..., Hq, Nq, dv)   lse (..., Hq, Nq)
     ->   dq, dk, dv with the shapes and dtypes of q, k, v
+
+With grouped-query attention (``Hq = G * Hkv``, as in ``flashref.attention``) a K/V head
+is used by ``G`` query heads, so its ``dk`` and ``dv`` are the sums of what each of them
+contributes. The query heads of a group are packed as the rows of one tile (``_pack``),
+and the sum happens inside the products ``P^T dO`` and ``dS^T Q``, which run over those
+rows: no per-query-head copy of K, V, dK or dV is made.
 
 Conventions as in ``flashref.attention``: ``scale`` defaults to
 ``1/sqrt(d)``, ``causal`` is aligned top-left, ``mask`` is boolean with True meaning "may
@@ -33,13 +40,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import as_float_array, check_block, check_flag
-from .attention import _allowed, _load, _prepare
+from .attention import _allowed, _load, _pack, _prepare
 
 
 def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask):
     """Validate every argument before any work (q, k, v, scale and mask as the forward does)."""
     causal = check_flag(causal, "causal")
-    q, k, v, mask, scale, _ = _prepare(q, k, v, scale, mask, causal, False)
+    q, k, v, mask, scale, _, G = _prepare(q, k, v, scale, mask, causal, False)
     o = as_float_array(o, "o")
     lse = as_float_array(lse, "lse")
     do = as_float_array(do, "do")
@@ -54,17 +61,18 @@ def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask):
         raise ValueError(
             f"lse has shape {lse.shape}; expected {q.shape[:-1]} (..., Nq) for q {q.shape}"
         )
-    return q, k, v, o, lse, do, mask, scale, causal
+    return q, k, v, o, lse, do, mask, scale, causal, G
 
 
 def _lse_for_exp(lse, dtype) -> np.ndarray:
-    """``lse`` in ``dtype`` with ``-inf`` replaced by ``+inf``, so that ``exp(S - lse)`` is 0.
+    """``lse (..., Nq)`` as a column ``(..., Nq, 1)`` in ``dtype``, ``-inf`` replaced by
+    ``+inf``, so that ``exp(S - lse)`` is 0.
 
     A query that saw no key has ``lse = -inf`` and every score ``-inf``: ``exp(-inf - -inf)``
     would be NaN. With ``+inf`` instead, ``S - lse`` is ``-inf`` whatever S is, and P is 0.
-    A NaN stays NaN.
+    A NaN stays NaN. As a column, its row tiles pack like those of q (``_pack``).
     """
-    L = lse.astype(dtype)  # (..., Nq), a copy
+    L = lse.astype(dtype)[..., None]  # (..., Nq, 1), a copy
     L[np.isneginf(L)] = np.inf
     return L
 
@@ -85,26 +93,28 @@ def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, m
     what the tiled version removes. See the module docstring for the formulas, shapes,
     dtypes and conventions.
     """
-    q, k, v, o, lse, do, mask, scale, causal = _prepare_backward(
+    q, k, v, o, lse, do, mask, scale, causal, G = _prepare_backward(
         q, k, v, o, lse, do, scale, causal, mask
     )
     Nq, Nk = q.shape[-2], k.shape[-2]
     acc = scale.dtype
-    Q, K, V = _load(q, range(Nq), acc, scale), _load(k, range(Nk), acc), _load(v, range(Nk), acc)
-    O, dO = _load(o, range(Nq), acc), _load(do, range(Nq), acc)  # (..., Nq, dv) each
-    L = _lse_for_exp(lse, acc)  # (..., Nq)
-    S = Q @ np.swapaxes(K, -1, -2)  # (..., Nq, Nk)
-    allowed = _allowed(mask, causal, range(Nq), range(Nk))
+    Q = _pack(_load(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
+    K, V = _load(k, range(Nk), acc), _load(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
+    O = _pack(_load(o, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
+    dO = _pack(_load(do, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
+    L = _pack(_lse_for_exp(lse, acc), G)  # (..., Hkv, G * Nq, 1)
+    S = Q @ np.swapaxes(K, -1, -2)  # (..., Hkv, G * Nq, Nk)
+    allowed = _allowed(mask, causal, range(Nq), range(Nk), G)
     if allowed is not None:
         S = np.where(allowed, S, -np.inf)
-    P = np.exp(S - L[..., None])  # (..., Nq, Nk), the forward's softmax
-    dV = np.swapaxes(P, -1, -2) @ dO  # (..., Nk, dv)
-    dP = dO @ np.swapaxes(V, -1, -2)  # (..., Nq, Nk)
-    D = np.sum(dO * O, axis=-1)  # (..., Nq)
-    dS = P * (dP - D[..., None])  # (..., Nq, Nk)
-    dQ = scale * (dS @ K)  # (..., Nq, d)
-    dK = np.swapaxes(dS, -1, -2) @ Q  # (..., Nk, d); Q already carries the scale
-    return _finish(q, k, v, dQ, dK, dV)
+    P = np.exp(S - L)  # (..., Hkv, G * Nq, Nk), the forward's softmax
+    dV = np.swapaxes(P, -1, -2) @ dO  # (..., Hkv, Nk, dv), summed over the group's heads
+    dP = dO @ np.swapaxes(V, -1, -2)  # (..., Hkv, G * Nq, Nk)
+    D = np.sum(dO * O, axis=-1, keepdims=True)  # (..., Hkv, G * Nq, 1)
+    dS = P * (dP - D)  # (..., Hkv, G * Nq, Nk)
+    dQ = scale * (dS @ K)  # (..., Hkv, G * Nq, d)
+    dK = np.swapaxes(dS, -1, -2) @ Q  # (..., Hkv, Nk, d); Q already carries the scale
+    return _finish(q, k, v, dQ.reshape(q.shape), dK, dV)
 
 
 def tiled_attention_backward(
@@ -124,40 +134,44 @@ def tiled_attention_backward(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, o, lse, do, mask, scale, causal = _prepare_backward(
+    q, k, v, o, lse, do, mask, scale, causal, G = _prepare_backward(
         q, k, v, o, lse, do, scale, causal, mask
     )
     Nq, Nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    batch, acc = q.shape[:-2], scale.dtype
-    L = _lse_for_exp(lse, acc)  # (..., Nq)
-    D = np.empty(batch + (Nq,), dtype=acc)  # (..., Nq)
+    batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
+    L = _lse_for_exp(lse, acc)  # (..., Hq, Nq, 1)
+    D = np.empty(batch + (Nq, 1), dtype=acc)  # (..., Hq, Nq, 1)
     for r0 in range(0, Nq, Br):  # D_i = rowsum(dO_i * O_i), before the main loop
         rows = range(r0, min(r0 + Br, Nq))
-        D[..., rows.start : rows.stop] = np.sum(_load(do, rows, acc) * _load(o, rows, acc), -1)
-    dQ = np.zeros(batch + (Nq, d), dtype=acc)  # (..., Nq, d), summed over key tiles
-    dK = np.empty(batch + (Nk, d), dtype=acc)  # (..., Nk, d)
-    dV = np.empty(batch + (Nk, dv), dtype=acc)  # (..., Nk, dv)
+        dOi, Oi = _load(do, rows, acc), _load(o, rows, acc)  # (..., Hq, Br, dv)
+        D[..., rows.start : rows.stop, :] = np.sum(dOi * Oi, axis=-1, keepdims=True)
+    dQ = np.zeros(batch + (Nq, d), dtype=acc)  # (..., Hq, Nq, d), summed over key tiles
+    dK = np.empty(kv_batch + (Nk, d), dtype=acc)  # (..., Hkv, Nk, d)
+    dV = np.empty(kv_batch + (Nk, dv), dtype=acc)  # (..., Hkv, Nk, dv)
     for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
         cols = range(c0, min(c0 + Bc, Nk))
-        Kj = _load(k, cols, acc)  # (..., Bc, d)
-        Vj = _load(v, cols, acc)  # (..., Bc, dv)
-        dKj = np.zeros(batch + (len(cols), d), dtype=acc)  # (..., Bc, d), on chip
-        dVj = np.zeros(batch + (len(cols), dv), dtype=acc)  # (..., Bc, dv), on chip
+        Kj = _load(k, cols, acc)  # (..., Hkv, Bc, d)
+        Vj = _load(v, cols, acc)  # (..., Hkv, Bc, dv)
+        dKj = np.zeros(kv_batch + (len(cols), d), dtype=acc)  # (..., Hkv, Bc, d), on chip
+        dVj = np.zeros(kv_batch + (len(cols), dv), dtype=acc)  # (..., Hkv, Bc, dv), on chip
         r_start = c0 // Br * Br if causal else 0  # earlier query tiles see none of these keys
         for r0 in range(r_start, Nq, Br):  # inner: Tr query tiles
             rows = range(r0, min(r0 + Br, Nq))
-            Qi = _load(q, rows, acc, scale)  # (..., Br, d), scaled
-            dOi = _load(do, rows, acc)  # (..., Br, dv)
-            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Br, Bc)
-            allowed = _allowed(mask, causal, rows, cols)
+            Qi = _pack(_load(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
+            dOi = _pack(_load(do, rows, acc), G)  # (..., Hkv, G * Br, dv)
+            Li = _pack(L[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
+            Di = _pack(D[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
+            S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
+            allowed = _allowed(mask, causal, rows, cols, G)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
-            P = np.exp(S - L[..., rows.start : rows.stop, None])  # (..., Br, Bc), recomputed
-            dVj += np.swapaxes(P, -1, -2) @ dOi  # (..., Bc, dv)
-            dP = dOi @ np.swapaxes(Vj, -1, -2)  # (..., Br, Bc)
-            dS = P * (dP - D[..., rows.start : rows.stop, None])  # (..., Br, Bc)
-            dQ[..., rows.start : rows.stop, :] += scale * (dS @ Kj)  # (..., Br, d)
-            dKj += np.swapaxes(dS, -1, -2) @ Qi  # (..., Bc, d); Qi already carries the scale
+            P = np.exp(S - Li)  # (..., Hkv, G * Br, Bc), recomputed
+            dVj += np.swapaxes(P, -1, -2) @ dOi  # (..., Hkv, Bc, dv), over the group's heads
+            dP = dOi @ np.swapaxes(Vj, -1, -2)  # (..., Hkv, G * Br, Bc)
+            dS = P * (dP - Di)  # (..., Hkv, G * Br, Bc)
+            dQi = dQ[..., rows.start : rows.stop, :]  # (..., Hq, Br, d), a view
+            dQi += (scale * (dS @ Kj)).reshape(dQi.shape)  # (..., Hkv, G * Br, d) to its heads
+            dKj += np.swapaxes(dS, -1, -2) @ Qi  # (..., Hkv, Bc, d); Qi carries the scale
         dK[..., cols.start : cols.stop, :] = dKj  # each dK_j, dV_j written once
         dV[..., cols.start : cols.stop, :] = dVj
     return _finish(q, k, v, dQ, dK, dV)

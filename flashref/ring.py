@@ -141,8 +141,9 @@ def ring_attention(
 ):
     """Attention over one sequence sharded across ``world_size`` simulated devices.
 
-    ``q (..., N, d)``, ``k (..., N, d)``, ``v (..., N, dv)``: queries, keys and values of
-    the same sequence (so ``Nq == Nk == N``), which must split evenly under ``layout``:
+    ``q (..., Hq, N, d)``, ``k (..., Hkv, N, d)``, ``v (..., Hkv, N, dv)``: queries, keys
+    and values of the same sequence (so ``Nq == Nk == N``; ``Hq`` a multiple of ``Hkv`` for
+    grouped-query attention, as in ``tiled_attention``), which must split evenly under ``layout``:
     ``N`` a multiple of ``world_size`` (``"contiguous"``) or of ``2 * world_size``
     (``"zigzag"``). ``causal``, ``scale``, dtypes and the meaning of ``lse`` are those of
     ``tiled_attention``, which each device runs on its block with tiles ``block_q`` x
@@ -151,7 +152,7 @@ def ring_attention(
     Returns ``O``, ``(O, lse)``, ``(O, schedule)`` or ``(O, lse, schedule)``, where
     ``schedule`` is a ``RingSchedule``. Equal to ``naive_attention`` up to rounding.
     """
-    q, k, v, out_dtype = check_qkv(q, k, v)
+    q, k, v, out_dtype, _ = check_qkv(q, k, v)  # grouped heads: tiled_attention packs them
     causal = check_flag(causal, "causal")
     return_lse = check_flag(return_lse, "return_lse")
     return_schedule = check_flag(return_schedule, "return_schedule")

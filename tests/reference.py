@@ -258,6 +258,66 @@ def assert_grads_close(actual, expected, sizes, rtol: float, what: str = "gradie
         assert err <= bound, f"{what} {name}: error {err:.3e} > {rtol:.1e} x term size"
 
 
+def expand_kv_heads_ref(x, Hq: int) -> np.ndarray:
+    """K or V ``(..., Hkv, N, w)`` given to every query head: ``(..., Hq, N, w)``, float64.
+
+    Grouped-query attention as written in its definition: query head ``h`` uses K/V head
+    ``h // (Hq // Hkv)``. One head at a time, by index, so that it shares nothing with how
+    the library avoids this copy. 2-D inputs (no head axis) come back as they are.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim < 3:
+        return x.copy()
+    Hkv = x.shape[-3]
+    assert Hq % Hkv == 0, (Hq, Hkv)
+    out = np.empty(x.shape[:-3] + (Hq,) + x.shape[-2:])
+    for h in range(Hq):
+        out[..., h, :, :] = x[..., h // (Hq // Hkv), :, :]
+    return out
+
+
+def attention_gqa_ref(q, k, v, **kw):
+    """``attention_ref`` with K/V heads shared by groups of query heads: ``(O, lse)``."""
+    Hq = np.shape(q)[-3] if np.ndim(q) >= 3 else 1
+    return attention_ref(q, expand_kv_heads_ref(k, Hq), expand_kv_heads_ref(v, Hq), **kw)
+
+
+def fold_kv_heads_ref(g, Hkv: int) -> np.ndarray:
+    """A gradient per query head ``(..., Hq, N, w)`` summed onto its K/V head, ``(..., Hkv,
+    N, w)``: the chain rule for a K/V head that several query heads read. One head at a time."""
+    g = np.asarray(g, dtype=np.float64)
+    if g.ndim < 3:
+        return g.copy()
+    Hq = g.shape[-3]
+    out = np.zeros(g.shape[:-3] + (Hkv,) + g.shape[-2:])
+    for h in range(Hq):
+        out[..., h // (Hq // Hkv), :, :] += g[..., h, :, :]
+    return out
+
+
+def attention_backward_gqa_ref(q, k, v, do, **kw):
+    """``attention_backward_ref`` with shared K/V heads: the gradients and sizes of k and v
+    are those of the expanded K/V, summed over each group's query heads."""
+    Hq = np.shape(q)[-3] if np.ndim(q) >= 3 else 1
+    Hkv = np.shape(k)[-3] if np.ndim(k) >= 3 else 1
+    (dq, dk, dv), (sq, sk, sv) = attention_backward_ref(
+        q, expand_kv_heads_ref(k, Hq), expand_kv_heads_ref(v, Hq), do, **kw
+    )
+    fold = [fold_kv_heads_ref(x, Hkv) for x in (dk, dv, sk, sv)]
+    return (dq, fold[0], fold[1]), (sq, fold[2], fold[3])
+
+
+def bottom_right_pairs(Nq: int, Nk: int) -> np.ndarray:
+    """Boolean (Nq, Nk) of causal attention aligned bottom-right: the ``Nq`` queries are the
+    last ``Nq`` positions of a sequence of ``Nk``, so query ``i``, at position ``Nk - Nq + i``,
+    sees key ``j`` exactly when ``j <= i + Nk - Nq`` (none at all when that is negative)."""
+    allowed = np.zeros((Nq, Nk), dtype=bool)
+    for i in range(Nq):
+        for j in range(Nk):
+            allowed[i, j] = j <= i + Nk - Nq
+    return allowed
+
+
 @contextlib.contextmanager
 def no_warnings():
     """Any warning raised inside (overflow, invalid value, ...) becomes an error."""

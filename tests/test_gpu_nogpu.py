@@ -175,6 +175,23 @@ def test_shape_errors_name_the_argument(no_cupy):
         fg.flash_attention([[1.0]], q, q)
 
 
+def test_grouped_kv_heads_are_refused_until_the_kernels_take_them(no_cupy):
+    # The NumPy functions take Hq = G * Hkv; the kernels do not yet, and say how to proceed.
+    q = np.zeros((2, 8, 16, 64), np.float16)
+    kv = np.zeros((2, 2, 16, 64), np.float16)
+    with pytest.raises(ValueError) as info:
+        fg.flash_attention(q, kv, kv)
+    message = str(info.value)
+    assert message.startswith("flashref.gpu does not take grouped K/V heads yet")
+    assert "q has 8 heads, k and v have 2" in message
+    assert "k.repeat(4, axis=-3)" in message and "repeat_interleave(4, dim=-3)" in message
+    assert "flashref's NumPy functions" in message
+    with pytest.raises(ValueError, match="q has 8 heads but k has 3"):  # not a multiple
+        fg.flash_attention(q, kv[:, :1].repeat(3, axis=1), kv[:, :1].repeat(3, axis=1))
+    with pytest.raises(fg.GPUUnavailableError):  # equal heads pass on to the GPU check
+        fg.flash_attention(q, q, q)
+
+
 def test_versions_table_is_complete():
     assert sorted(fg.VERSIONS) == list(range(1, len(fg.VERSIONS) + 1))  # numbered, no gaps
     for number, ver in fg.VERSIONS.items():

@@ -132,7 +132,14 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
             raise TypeError(
                 f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
             )
-    check_shapes(q, k, v)  # the same shape rules, and messages, as the NumPy functions
+    G = check_shapes(q, k, v)  # the same shape rules, and messages, as the NumPy functions
+    if G != 1:
+        raise ValueError(
+            f"flashref.gpu does not take grouped K/V heads yet: q has {q.shape[-3]} heads, k "
+            f"and v have {k.shape[-3]}; repeat k and v to q's heads (k.repeat({G}, axis=-3) "
+            f"for CuPy, k.repeat_interleave({G}, dim=-3) for torch), or use flashref's NumPy "
+            "functions"
+        )
     d = q.shape[-1]
     if v.shape[-1] != d:
         raise ValueError(

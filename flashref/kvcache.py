@@ -1,0 +1,249 @@
+"""A paged KV cache, laid out as vLLM's PagedAttention keeps one, and attention that reads it.
+
+While a model generates text it keeps the keys and values of every token of every
+sequence so far. Giving each sequence one contiguous buffer of its longest possible
+length wastes most of it; growing buffers means copies. A paged cache cuts memory into
+pages of ``page_size`` tokens, drawn from one pool as a sequence grows:
+
+    k_pages (num_pages, Hkv, page_size, d)     v_pages (num_pages, Hkv, page_size, dv)
+
+Each sequence has a block table, the list of its pages in order, and a length: token
+``t`` of the sequence lives in slot ``t % page_size`` of page ``block_table[t //
+page_size]``, and only the first ``length - (pages - 1) * page_size`` slots of its last
+page are filled. Pages need not be adjacent or in order; a finished sequence's pages go
+back to the pool for the next one.
+
+``paged_attention`` attends a batch of sequences of different lengths, ``Nq`` new queries
+each, to their cached keys and values, reading only the pages in use and, of the last
+page, only the filled slots: a page is one key/value tile (``Bc = page_size``) of the
+tiled loop of ``flashref.attention``. A GPU decode kernel takes the same arguments, the
+two pools, ``block_table`` and ``lengths`` from ``PagedKVCache.block_table``, and follows
+the block table the same way.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._checks import (
+    FLOAT_DTYPES,
+    accumulation_dtype,
+    as_float_array,
+    check_block,
+    check_flag,
+    check_scale,
+    group_size,
+)
+from .attention import _allowed, _finish, _load, _pack, _store
+from .state import SoftmaxState
+
+
+class CacheFullError(RuntimeError):
+    """``append`` needs more pages than the pool has free."""
+
+
+class PagedKVCache:
+    """A pool of K/V pages, a block table and a length per sequence.
+
+    Args:
+        num_pages: pages in the pool; page_size: tokens per page.
+        num_kv_heads: ``Hkv``; head_dim: ``d``; head_dim_v: ``dv`` (default ``d``).
+        dtype: float16, float32 or float64; what is appended must have it.
+
+    Attributes:
+        k_pages, v_pages: the pools, ``(num_pages, Hkv, page_size, d / dv)``.
+        block_tables: ``{seq: [page, ...]}``; lengths: ``{seq: tokens}``, per sequence
+            (to read: ``append`` and ``free`` keep them consistent with the pool).
+    """
+
+    def __init__(
+        self, num_pages, page_size, num_kv_heads, head_dim, head_dim_v=None, *, dtype=np.float32
+    ):
+        num_pages = check_block(num_pages, "num_pages")
+        self.page_size = check_block(page_size, "page_size")
+        self.num_kv_heads = check_block(num_kv_heads, "num_kv_heads")
+        self.head_dim = check_block(head_dim, "head_dim")
+        dv = head_dim if head_dim_v is None else head_dim_v
+        self.head_dim_v = check_block(dv, "head_dim_v")
+        try:  # np.dtype(None) would be float64: None is refused like any non-dtype
+            self.dtype = None if dtype is None else np.dtype(dtype)
+        except TypeError:
+            self.dtype = None
+        if self.dtype is None or self.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype is {dtype!r}; expected float16, float32 or float64")
+        shape = (num_pages, self.num_kv_heads, self.page_size)
+        self.k_pages = np.zeros(shape + (self.head_dim,), self.dtype)  # (P, Hkv, ps, d)
+        self.v_pages = np.zeros(shape + (self.head_dim_v,), self.dtype)  # (P, Hkv, ps, dv)
+        self.block_tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+        self._free = list(range(num_pages))  # handed out from the front, returned at the back
+        self._next_seq = 0
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages.shape[0]
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def new_sequence(self) -> int:
+        """Start an empty sequence (length 0, no pages); returns its id."""
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        self.block_tables[seq], self.lengths[seq] = [], 0
+        return seq
+
+    def _check_seq(self, seq, name: str = "seq") -> int:
+        if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, numbers.Integral):
+            raise TypeError(f"{name} must be an int (a sequence id), got {type(seq).__name__}")
+        if int(seq) not in self.lengths:
+            raise ValueError(
+                f"{name} {seq} is not a sequence of this cache (its sequences: "
+                f"{sorted(self.lengths)}); start one with new_sequence()"
+            )
+        return int(seq)
+
+    def append(self, seq, k_new, v_new) -> None:
+        """Add ``n`` tokens to sequence ``seq``: ``k_new (Hkv, n, d)``, ``v_new (Hkv, n, dv)``.
+
+        Pages are taken from the pool as the sequence crosses page boundaries. Everything
+        is checked first; when the pool has too few free pages, ``CacheFullError`` is
+        raised and nothing is written.
+        """
+        seq = self._check_seq(seq)
+        k_new, v_new = as_float_array(k_new, "k_new"), as_float_array(v_new, "v_new")
+        Hkv, ps = self.num_kv_heads, self.page_size
+        for name, x, w in (("k_new", k_new, self.head_dim), ("v_new", v_new, self.head_dim_v)):
+            if x.ndim != 3 or x.shape[0] != Hkv or x.shape[2] != w:
+                raise ValueError(
+                    f"{name} has shape {x.shape}; expected (Hkv, n, {w}) with Hkv = {Hkv}"
+                )
+            if x.dtype != self.dtype:
+                raise TypeError(
+                    f"{name} has dtype {x.dtype} but the cache holds {self.dtype}; "
+                    f"convert it with {name}.astype(np.{self.dtype})"
+                )
+        if v_new.shape[1] != k_new.shape[1]:
+            raise ValueError(f"v_new has {v_new.shape[1]} tokens but k_new has {k_new.shape[1]}")
+        table, start, n = self.block_tables[seq], self.lengths[seq], k_new.shape[1]
+        needed = -(-(start + n) // ps) - len(table)  # new pages: ceil((start + n) / ps) - held
+        if needed > len(self._free):
+            raise CacheFullError(
+                f"the cache is full: sequence {seq} ({start} tokens) needs {needed} more pages "
+                f"of {ps} tokens for {n} new ones, but {len(self._free)} of {self.num_pages} are "
+                "free; free a finished sequence or make a larger cache"
+            )
+        table += [self._free.pop(0) for _ in range(needed)]
+        for t0 in range(start - start % ps, start + n, ps):  # each page the new tokens touch
+            lo, hi = max(t0, start), min(t0 + ps, start + n)  # positions it receives
+            page = table[t0 // ps]
+            self.k_pages[page, :, lo - t0 : hi - t0] = k_new[:, lo - start : hi - start]
+            self.v_pages[page, :, lo - t0 : hi - t0] = v_new[:, lo - start : hi - start]
+        self.lengths[seq] = start + n
+
+    def free(self, seq) -> None:
+        """End sequence ``seq``: its pages go back to the pool, its id is no longer valid."""
+        seq = self._check_seq(seq)
+        self._free += self.block_tables.pop(seq)
+        del self.lengths[seq]
+
+    def block_table(self, seqs):
+        """The block tables of ``seqs`` as one array, as a GPU kernel takes them.
+
+        Returns ``block_table (B, max_pages)`` (int64, unused entries -1) and
+        ``lengths (B,)`` (int64). ``seqs`` is a sequence of ids (repeats allowed).
+        """
+        if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__"):
+            raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
+        seqs = [self._check_seq(s, f"seqs[{i}]") for i, s in enumerate(seqs)]
+        width = max((len(self.block_tables[s]) for s in seqs), default=0)
+        table = np.full((len(seqs), width), -1, dtype=np.int64)  # (B, max_pages)
+        for b, s in enumerate(seqs):
+            table[b, : len(self.block_tables[s])] = self.block_tables[s]
+        return table, np.array([self.lengths[s] for s in seqs], dtype=np.int64)  # (B,)
+
+    def gather(self, seq):
+        """Sequence ``seq``'s keys and values, contiguous: ``(Hkv, L, d)``, ``(Hkv, L, dv)``."""
+        seq = self._check_seq(seq)
+        pages = np.asarray(self.block_tables[seq], dtype=np.intp)  # (n_pages,)
+        L, Hkv = self.lengths[seq], self.num_kv_heads
+        K = np.moveaxis(self.k_pages[pages], 0, 1)  # (Hkv, n_pages, page_size, d), a copy
+        V = np.moveaxis(self.v_pages[pages], 0, 1)  # (Hkv, n_pages, page_size, dv)
+        return K.reshape(Hkv, -1, self.head_dim)[:, :L], V.reshape(Hkv, -1, self.head_dim_v)[:, :L]
+
+
+def _check_causal(causal) -> bool:
+    """``"bottom_right"`` or ``False``; True (top-left) would hide the cache from new tokens."""
+    if isinstance(causal, str):
+        if causal != "bottom_right":
+            raise ValueError(f"causal must be 'bottom_right' or False, got {causal!r}")
+        return True
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be 'bottom_right' or False, got {type(causal).__name__}")
+    if causal:
+        raise ValueError(
+            "causal=True aligns the mask top-left (query i sees keys j <= i), which would hide "
+            "most of the cache from the new tokens; pass causal='bottom_right' (query i sees "
+            "keys j <= i + Nk - Nq) or causal=False"
+        )
+    return False
+
+
+def paged_attention(q, cache, seqs, *, causal="bottom_right", scale=None, return_lse=False):
+    """Attention of ``Nq`` new queries per sequence to the sequences' cached keys and values.
+
+    Args:
+        q: ``(B, Hq, Nq, d)``, row ``b`` the queries of sequence ``seqs[b]``; ``Hq`` a multiple
+            of the cache's ``Hkv`` (grouped-query attention, as in ``flashref.attention``).
+        cache: a ``PagedKVCache``; seqs: ``B`` sequence ids of it (lengths may differ).
+        causal: ``"bottom_right"`` (default): the queries are the last ``Nq`` tokens of each
+            sequence, already appended, so query ``i`` sees keys ``j <= i + L - Nq`` for a
+            sequence of length ``L`` (with ``Nq = 1``, decoding, every key). ``False``: every
+            query sees every cached key. Top-left ``True`` is refused.
+        scale, return_lse: as in ``flashref.attention``.
+
+    Returns ``O (B, Hq, Nq, dv)``, or ``(O, lse)`` with ``lse (B, Hq, Nq)``. A query that
+    sees no key (a sequence of length 0, or ``L < Nq`` bottom-right) gets zeros and
+    ``lse = -inf``.
+    """
+    causal = _check_causal(causal)
+    check_flag(return_lse, "return_lse")
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    q = as_float_array(q, "q")
+    if q.ndim != 4 or q.shape[-1] != cache.head_dim:
+        raise ValueError(
+            f"q has shape {q.shape}; expected (B, Hq, Nq, d) with the cache's head dim "
+            f"d = {cache.head_dim}"
+        )
+    B, Hq, Nq, _ = q.shape
+    Hkv, ps, dv = cache.num_kv_heads, cache.page_size, cache.head_dim_v
+    G = group_size(Hq, Hkv, f" (q {q.shape})", kv="the cache")
+    table, lengths = cache.block_table(seqs)  # (B, max_pages), (B,): checks every id
+    if len(lengths) != B:
+        raise ValueError(f"q has {B} sequences (axis 0) but seqs has {len(lengths)}")
+    out_dtype = np.result_type(q.dtype, cache.dtype)
+    acc = accumulation_dtype(out_dtype)
+    scale = acc.type(check_scale(scale, cache.head_dim, acc))
+
+    O = np.empty((B, Hq, Nq, dv), dtype=acc)  # (B, Hq, Nq, dv)
+    lse = np.empty((B, Hq, Nq), dtype=acc)  # (B, Hq, Nq)
+    rows = range(Nq)
+    for b, L in enumerate(lengths):  # on a GPU: one block per (sequence, K/V head, split)
+        Qb = _pack(_load(q[b], rows, acc, scale), G)  # (Hkv, G * Nq, d), scaled
+        state = SoftmaxState.empty((Hkv, G * Nq), dv, acc)
+        positions = range(L - Nq, L)  # where the queries sit in the sequence (bottom-right)
+        for p in range(-(-L // ps)):  # the pages in use, in block-table order
+            page, cols = table[b, p], range(p * ps, min(L, (p + 1) * ps))  # cols: positions
+            n = len(cols)  # filled slots: all but (perhaps) on the last page
+            Kp = cache.k_pages[page, :, :n].astype(acc, copy=False)  # (Hkv, n, d)
+            Vp = cache.v_pages[page, :, :n].astype(acc, copy=False)  # (Hkv, n, dv)
+            S = Qb @ np.swapaxes(Kp, -1, -2)  # (Hkv, G * Nq, n)
+            allowed = _allowed(None, causal, positions, cols, G)  # key j <= i + L - Nq
+            if allowed is not None:
+                S = np.where(allowed, S, -np.inf)
+            state = state.update(S, Vp)
+        _store(O[b], lse[b], rows, state)
+    return _finish(O, lse, out_dtype, return_lse)
