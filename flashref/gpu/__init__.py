@@ -36,8 +36,6 @@ class GPUUnavailableError(RuntimeError):
 
 DTYPES = ("float16", "bfloat16", "float32")
 
-DTYPES = ("float16", "bfloat16", "float32")
-
 
 def gpu_unavailable_reason() -> str | None:
     """None if CuPy is installed and sees a CUDA GPU; otherwise what is missing, in words."""
