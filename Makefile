@@ -1,6 +1,8 @@
 # The two commands of the README, plus a few conveniences.
 #   make book   build the Jupyter Book (strict) and print where index.html is
-#   make test   lint, unit/property tests, strict nbval of every notebook, strict book build
+#   make test   lint, unit/property tests, strict nbval of every notebook (twice: the second
+#               time under a BLAS setting that rounds differently), strict book build, and
+#               the built book checked in headless Chromium (skipped, saying so, without it)
 # Both create .venv on first use (Python 3.11+ and make are all a fresh machine needs).
 
 PYTHON ?= python3
@@ -8,8 +10,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 NBVAL  := --nbval --nbval-sanitize-with notebooks/sanitize.cfg --nbval-current-env
+# Debian's Chromium, driven by Playwright (which never downloads a browser of its own here).
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: book test lint unit notebooks test-gpu bench-cpu bench-gpu clean venv
+.PHONY: book test lint unit notebooks notebooks-other-blas browser test-gpu bench-cpu bench-gpu clean venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +23,10 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# --all: every page is rebuilt, so a warning cannot hide in a page left from an earlier
+# run, and a changed stylesheet reaches _build/html even when no page changed.
 book: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/jupyter-book build . -W -n --keep-going --all
 	@echo "The book is at: file://$(CURDIR)/_build/html/index.html"
 
 lint: $(STAMP)
@@ -33,7 +39,33 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) notebooks/
 
-test: lint unit notebooks book
+# Every page of _build/html in headless Chromium (bookcheck/); screenshots go to
+# _build/screenshots/. Without Chromium it is skipped, and the line below says so.
+browser: book
+	@if [ -x "$(CHROMIUM)" ]; then \
+		CHROMIUM="$(CHROMIUM)" $(BIN)/python -m pytest bookcheck/; \
+	else \
+		echo "SKIPPED browser check: no Chromium at $(CHROMIUM)."; \
+		echo "  Install it (Debian/Ubuntu, as root): apt-get install chromium"; \
+	fi
+
+
+# Rounding-level digits change with the CPU, the BLAS kernel and the thread count, so a
+# committed output must not contain any: every reader's machine has to print it exactly.
+# This runs the notebooks again under a BLAS setting that rounds differently from the
+# default (on x86-64: OpenBLAS's kernels for Prescott, an early SSE3 CPU, on one thread),
+# so an output that depends on the machine fails here, the day it is committed. NumPy's
+# OpenBLAS reads these variables when it loads; another BLAS ignores them.
+ifeq ($(shell uname -m),x86_64)
+OTHER_BLAS ?= OPENBLAS_CORETYPE=Prescott OPENBLAS_NUM_THREADS=1
+else
+OTHER_BLAS ?= OPENBLAS_NUM_THREADS=1
+endif
+
+notebooks-other-blas: $(STAMP)
+	env $(OTHER_BLAS) $(BIN)/python -m pytest $(NBVAL) notebooks/
+
+test: lint unit notebooks notebooks-other-blas book browser
 	@echo "make test: all passed"
 
 # On a machine with an NVIDIA GPU: installs CuPy for your driver's CUDA major version into

@@ -311,19 +311,23 @@ def gpu_traffic(Nq, Nk, d, dv=None, *, Br, heads, l2_bytes, itemsize=2, causal=F
 
 # The schema of results/gpu_io.json (recorded on the GPU with Nsight Compute).
 _NUM, _NONE = numbers.Real, type(None)
-_META = {"gpu": str, "driver": str, "ncu": str, "cupy": str, "torch": (str, _NONE),
-         "date": str, "clock_control": str, "sm_clock_mhz": _NUM}  # fmt: skip
+_META = {"gpu": str, "ncu": str, "cupy": str, "date": str, "clock_control": str}
+# written by later versions of ``python -m flashref.bench profile``; checked when present
+_META_OPTIONAL = {"driver": str, "nvidia_smi": str, "torch": (str, _NONE),
+                  "l2_cache_bytes": _NUM}  # fmt: skip
 _ROW = {"impl": str, "label": str, "N": int, "B": int, "H": int, "d": int, "causal": bool,
         "dtype": str, "kernels": int, "dram_read_bytes": _NUM, "dram_write_bytes": _NUM,
         "l2_bytes": _NUM, "ms": (_NUM, _NONE)}  # fmt: skip
 ITEMSIZE = {"float16": 2, "float32": 4}
 
 
-def _check_fields(obj, schema, where):
+def _check_fields(obj, schema, where, optional=False):
     if not isinstance(obj, dict):
         raise ValueError(f"{where} must be a JSON object, got {type(obj).__name__}")
     for key, kind in schema.items():
         if key not in obj:
+            if optional:
+                continue
             raise ValueError(f"{where} has no {key!r}")
         value = obj[key]
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
@@ -348,6 +352,7 @@ def load_measured(path):
     data = json.loads(path.read_text(), parse_constant=no_constant)
     _check_fields(data, {"meta": dict, "rows": list}, str(path))
     _check_fields(data["meta"], _META, f"{path}: meta")
+    _check_fields(data["meta"], _META_OPTIONAL, f"{path}: meta", optional=True)
     for i, row in enumerate(data["rows"]):
         _check_fields(row, _ROW, f"{path}: rows[{i}]")
         if row["dtype"] not in ITEMSIZE:

@@ -333,27 +333,3 @@ def test_compare_puts_model_beside_measurement(tmp_path):
     rows[0]["causal"] = True
     with pytest.raises(ValueError, match="causal bias pass is not modelled"):
         io.compare(rows, Br={"v10": 128}, l2_bytes=50_000_000)
-
-
-def test_pending_measured_cells_run_on_a_fixture(tmp_path):
-    # The cells of "What the H200 moves" wait in notebooks/_pending_06_measured.py for
-    # results/gpu_io.json; run them here on a fixture so they keep working meanwhile.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    source = (Path(__file__).parent.parent / "notebooks" / "_pending_06_measured.py").read_text()
-    cells = re.split(r"^# %%.*$", source, flags=re.M)
-    markers = re.findall(r"^# %%.*$", source, flags=re.M)
-    code = [c for c, m in zip(cells[1:], markers, strict=True) if "[markdown]" not in m]
-    assert code, "no code cells found"
-    (tmp_path / "results").mkdir()
-    shapes = [(N, 2 * 16384 // N) for N in (1024, 2048, 4096, 8192, 16384)] + [(1024, 64)]
-    rows = [fixture_row(impl, N, B) for N, B in shapes for impl in ("naive_cupy_fp16", "v10")]
-    rows.append(fixture_row("sdpa_flash", 1024, 64))
-    fixture(tmp_path / "results", rows)
-    ns = {"ROOT": tmp_path, "np": np, "plt": plt, "io": io, "flashref": flashref}
-    for cell in code:
-        exec(compile(cell, "_pending_06_measured.py", "exec"), ns)
-    plt.close("all")

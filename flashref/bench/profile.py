@@ -231,9 +231,19 @@ def _meta(cp) -> dict:
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
         capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    props = cp.cuda.runtime.getDeviceProperties(0)
     return {
-        "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "gpu": props["name"].decode(),
         "nvidia_smi": smi,
+        "driver": smi.split(",")[-1].strip() if smi else None,
+        "torch": torch_version,
+        "l2_cache_bytes": int(props["l2CacheSize"]),
         "ncu": version.splitlines()[-1] if version else None,
         "cupy": cp.__version__,
         "python": platform.python_version(),
