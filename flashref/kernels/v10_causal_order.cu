@@ -7,27 +7,17 @@
 // tail of the launch). Here block x computes query block Tr - 1 - x: long blocks
 // start first and the short ones fill the gaps at the end. Without causal
 // masking every block does the same work and nothing changes.
+// What the counters show: the profile is of non-causal launches, where versions 9
+// and 10 do the same work in the same order, and its counters agree. With causal
+// masking the recorded run finds no change that stands out of the run-to-run spread
+// in almost every configuration: with B*H heads x Tr query blocks the launch has
+// many waves of blocks, and the tail is a small part of it.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         211.7      0.82   (258.7)
-//   64   4096  no         252.9      0.85   (298.8)
-//   64   1024  yes        179.1      0.87   (206.3)
-//   64   4096  yes        222.4      0.85   (263.1)
-//   128  1024  no         235.4      0.73   (322.7)
-//   128  4096  no         251.3      0.71   (354.8)
-//   128  1024  yes        188.4      0.74   (256.2)
-//   128  4096  yes        225.4      0.69   (324.8)
-// Result: no gain that this benchmark can see. At N = 4096 it is within 3% of
-// version 9 in every case, including the non-causal ones, where the two kernels
-// do the same work in the same order: that 3% is run-to-run spread (at N = 1024, with 0.6 ms
-// launches, the spread reaches 8%). With B*H = 128 heads x 32 query blocks the
-// launch has many waves of blocks, and the tail is a small part of it.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

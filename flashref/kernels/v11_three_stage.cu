@@ -6,27 +6,19 @@
 // tile goes away: the buffer being refilled at tile j was last read at tile
 // j-1, and every warp has passed the top barrier of tile j only after finishing
 // j-1. One __syncthreads per key tile instead of two, and a deeper prefetch,
-// for (Br + 6 Bc) x (D + 8) halves of shared memory (87 KB at d = 128).
+// for (Br + 6 Bc) x (D + 8) halves of shared memory.
+// What the counters show against version 10: fewer barrier stalls, but they were a
+// small part of all stalls; dispatch stalls grow, the tensor pipe is a little less
+// busy, and the resident warps do not change (registers decide them, not the extra
+// shared memory). The kernel is slower than version 10 in the recorded run: the
+// two-buffer pipeline already hid the copies (version 5 had removed the warps'
+// waits on global loads), and the saved barrier was not on the critical path.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         223.1      0.86   (258.7)
-//   64   4096  no         241.1      0.81   (298.8)
-//   64   1024  yes        171.9      0.83   (206.3)
-//   64   4096  yes        214.1      0.81   (263.1)
-//   128  1024  no         230.2      0.71   (322.7)
-//   128  4096  no         244.5      0.69   (354.8)
-//   128  1024  yes        186.9      0.73   (256.2)
-//   128  4096  yes        219.1      0.67   (324.8)
-// Result: does not pay: 3-5% slower than version 10 and 1-3% slower than
-// version 9 at N = 4096. The two-buffer pipeline seems to hide the copies
-// already, and the saved barrier was not on the critical path; 220-240 registers
-// keep occupancy at 2 blocks per SM either way (not profiled).
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

@@ -13,23 +13,13 @@
 // What limits it: every score is a dot product done by one thread (no reuse of
 // a loaded value across rows in registers), and each thread does 2*D FMAs per
 // key with one (P V) or two (Q K^T) shared-memory loads per FMA. Plain fp32 FMA.
+// What the counters show: few warps resident per SM (a block is a single warp, and the
+// shared memory of each block caps how many fit), most issue slots idle, and warps
+// stalled on memory results (long and short scoreboard) and on fixed-latency
+// dependencies (wait) far more often than they issue.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp32 inputs; median of 3 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no           7.2      0.03   (258.7)
-//   64   4096  no           7.8      0.03   (298.8)
-//   64   1024  yes          6.6      0.03   (206.3)
-//   64   4096  yes          7.3      0.03   (263.1)
-//   128  1024  no           8.1      0.03   (322.7)
-//   128  4096  no           9.4      0.03   (354.8)
-//   128  1024  yes          7.6      0.03   (256.2)
-//   128  4096  yes          8.8      0.03   (324.8)
-// Result: 8-9 TFLOP/s, 3% of SDPA FLASH; at d = 128 slower than naive CuPy fp32
-// (15 TFLOP/s at N = 4096), level with it at d = 64 (9). Shared memory per block
-// (29 KB at d = 64, 54 KB at d = 128) allows at most 7 or 4 blocks of one warp
-// per SM: too few warps to hide the shared-memory and FMA latency.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -DHEAD_DIM=<d>; no headers are included.
 

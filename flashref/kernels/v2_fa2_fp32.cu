@@ -1,4 +1,4 @@
-// version 2: FlashAttention-2 loop order in fp32, warps cooperating on the score tile.
+// version 2: fp32, 8 warps that pass the score tile to each other through shared memory.
 //
 // What changes from version 1: a thread block of 256 threads (8 warps) owns
 // Br = 64 query rows and builds the whole score tile S_ij (Br x Bc, Bc = 64) in
@@ -15,26 +15,22 @@
 //   3. O = alpha * O + P V_j: each thread owns a 4 x (D/16) block of O in
 //      registers (rows ty + 16a, columns tx + 16b), again reusing each loaded
 //      P and V value 4 or D/16 times.
-// Padding: rows of Q_i, K_j and S are padded by one float so that the column
-// walks of steps 1 and 2 are free of bank conflicts.
+// The loop over query tiles is FlashAttention-2's order, but the work inside a block is
+// not FlashAttention-2's split: no warp owns its rows from start to end. Step 2 reads
+// scores that other warps wrote in step 1, step 3 reads the P and alpha of step 2, so
+// S, P, m, l and alpha pass between warps through shared memory, with a barrier
+// (__syncthreads) between the steps. That exchange is the cost FlashAttention-2 removed
+// from FlashAttention-1, whose warps split K and V and combined their partial results
+// through shared memory. FlashAttention-2's split, each warp owning its own query rows so
+// that nothing is exchanged, first appears in version 3.
+// Padding: rows of Q_i, K_j and S are padded by one float, meant to keep the column
+// walks of steps 1 and 2 free of bank conflicts; the profile still counts many
+// conflicts (it does not say which accesses make them).
+// What the counters show against version 1: about as many instructions, issued far
+// more often (a larger share of the issue slots busy), with more warps resident per SM.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp32 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no          20.8      0.08   (258.7)
-//   64   4096  no          21.1      0.07   (298.8)
-//   64   1024  yes         19.0      0.09   (206.3)
-//   64   4096  yes         19.9      0.08   (263.1)
-//   128  1024  no          15.2      0.05   (322.7)
-//   128  4096  no          16.0      0.05   (354.8)
-//   128  1024  yes         13.5      0.05   (256.2)
-//   128  4096  yes         15.6      0.05   (324.8)
-// Result: 2.7x version 1 at d = 64 and 1.7x at d = 128 (N = 4096); above naive
-// CuPy fp32 at d = 64 (21 against 9 TFLOP/s), level with it at d = 128 (16 against 15).
-// Register blocking cuts shared-memory loads per FMA from 1-2 to 0.4-0.5, and each
-// staged K/V tile serves 64 rows. Still plain fp32 FMA (67 TFLOP/s by the datasheet):
-// 14-22x below fp16 FLASH.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -DHEAD_DIM=<d> (1 <= d <= 128); no headers.
 

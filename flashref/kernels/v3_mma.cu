@@ -4,7 +4,10 @@
 // tensor cores through inline PTX, and the softmax happens on the accumulator
 // fragments in registers. A block of 4 warps owns Br = 64 query rows; warp w
 // owns rows 16w .. 16w+15 and never talks to the other warps except through
-// the shared K_j, V_j tiles (Bc = 64 keys).
+// the shared K_j, V_j tiles (Bc = 64 keys). This is FlashAttention-2's split
+// inside a block: queries across warps, K_j and V_j read by all of them. No warp
+// needs another's scores, so S, P, m and l never leave its registers and no
+// barrier separates the two matrix products.
 //
 // Fragment layout (PTX ISA, mma.m16n8k16), lane = 4 g + t:
 //   C/D (16 x 8, f32):  c0, c1 at row g, columns 2t, 2t+1; c2, c3 at row g+8.
@@ -21,28 +24,19 @@
 //
 // Deliberately left simple (later versions fix these, one at a time): K_j and
 // V_j are loaded with plain 16-byte loads into unpadded shared memory (every
-// ldmatrix row of a tile lies in the same banks: 8-way conflicts), Q's
-// fragments are re-read from shared memory for every key tile, and exp uses
-// __expf with the scale applied by a separate multiply.
+// ldmatrix row of a tile lies in the same banks), Q's fragments are re-read from
+// shared memory for every key tile, and exp uses __expf with the scale applied by
+// a separate multiply.
+// What the counters show: the tensor pipe is idle most of the time; the warps stall
+// far more often than they issue, above all on short scoreboard (waiting for shared-
+// memory results), and the profile counts billions of shared-memory bank conflicts.
+// Version 4 removes the conflicts.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no          48.0      0.19   (258.7)
-//   64   4096  no          48.5      0.16   (298.8)
-//   64   1024  yes         43.2      0.21   (206.3)
-//   64   4096  yes         45.4      0.17   (263.1)
-//   128  1024  no          47.5      0.15   (322.7)
-//   128  4096  no          48.4      0.14   (354.8)
-//   128  1024  yes         43.9      0.17   (256.2)
-//   128  4096  yes         47.0      0.14   (324.8)
-// Result: 2.3x version 2 at d = 64 and 3x at d = 128 (N = 4096), but only 14-21%
-// of SDPA FLASH: the tensor cores wait on 8-way bank-conflicted ldmatrix reads
-// (version 4 removes them).
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

@@ -9,25 +9,17 @@
 // 8 transactions. With D + 8 each row starts 16 bytes further along the banks,
 // and the eight rows cover all 32 banks once: one transaction.
 // Everything else (plain loads, __expf, Q fragments re-read) is as in version 3.
+// What the counters show against version 3: the same instructions, but the bank
+// conflicts all but vanish, the short-scoreboard stalls with them, and the tensor
+// pipe and the issue slots are busy several times as often: the tensor cores were
+// starved by shared-memory conflicts, not short of arithmetic. The largest single
+// step of the series.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         174.1      0.67   (258.7)
-//   64   4096  no         182.3      0.61   (298.8)
-//   64   1024  yes        145.3      0.70   (206.3)
-//   64   4096  yes        172.6      0.66   (263.1)
-//   128  1024  no         176.9      0.55   (322.7)
-//   128  4096  no         204.0      0.57   (354.8)
-//   128  1024  yes        155.4      0.61   (256.2)
-//   128  4096  yes        190.0      0.58   (324.8)
-// Result: 3.8x version 3 at d = 64 and 4.2x at d = 128 (N = 4096, non-causal),
-// the largest single step of the series: the tensor cores were starved by
-// shared-memory conflicts, not short of arithmetic.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

@@ -9,24 +9,17 @@
 // math could start; now the load latency hides behind the previous tile's
 // matrix products. Rows past Nk are zero-filled by the copy itself (source
 // size 0). Shared memory grows to (Br + 4 Bc) x (D + 8) halves.
+// What the counters show against version 4: the long-scoreboard stalls (warps
+// waiting for global loads) all but disappear, and the tensor pipe is a little
+// busier; the L2 serves nearly twice the bytes (the .cg copies skip the L1, which
+// had served part of version 4's tile reads), with DRAM bytes unchanged. A small
+// gain in the recorded run; chapter 5 prints it beside its run-to-run spread.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         187.3      0.72   (258.7)
-//   64   4096  no         193.0      0.65   (298.8)
-//   64   1024  yes        157.0      0.76   (206.3)
-//   64   4096  yes        177.0      0.67   (263.1)
-//   128  1024  no         191.4      0.59   (322.7)
-//   128  4096  no         212.6      0.60   (354.8)
-//   128  1024  yes        172.2      0.67   (256.2)
-//   128  4096  yes        201.8      0.62   (324.8)
-// Result: +6% at d = 64 and +4% at d = 128 over version 4 (N = 4096, non-causal):
-// with 3-4 blocks per SM, other blocks' math already hid much of the load latency.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

@@ -7,25 +7,15 @@
 // a subtract, a multiply by log2(e) and ex2. The softmax runs on 16 x 64 scores
 // per warp per tile between two matrix products, so its instruction count shows.
 // ex2.approx has a relative error of about 2^-22, far below fp16's 2^-11.
+// What the counters show against version 5: fewer instructions issued for the same
+// matrix instructions, and a slightly busier tensor pipe. A small gain in the
+// recorded run; chapter 5 prints it beside its run-to-run spread.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         196.4      0.76   (258.7)
-//   64   4096  no         207.2      0.69   (298.8)
-//   64   1024  yes        163.0      0.79   (206.3)
-//   64   4096  yes        187.0      0.71   (263.1)
-//   128  1024  no         194.8      0.60   (322.7)
-//   128  4096  no         215.8      0.61   (354.8)
-//   128  1024  yes        178.1      0.70   (256.2)
-//   128  4096  yes        209.4      0.64   (324.8)
-// Result: +7% at d = 64, +1.5% at d = 128 over version 5 (N = 4096, non-causal):
-// the softmax's share of the instructions is larger when d (the mma work per
-// score) is smaller.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

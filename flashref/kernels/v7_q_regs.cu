@@ -7,26 +7,19 @@
 // d = 128), after Q_i's own cp.async group has landed, while the first K and V
 // tiles are still in flight. This trades registers for shared-memory traffic:
 // it pays only if the extra registers do not cut the number of resident warps.
+// What the counters show against version 6: fewer ldmatrix per mma and slightly
+// fewer instructions, more registers but the same resident warps. At d = 64 little
+// else moves and the speed does not change; at d = 128 the warps wait longer for
+// each instruction they issue (more 'wait' and short-scoreboard stalls per issue),
+// the tensor pipe and the issue slots are less busy, and the kernel is slower.
+// Which instructions wait longer, these counters do not say. Versions 9-11 build on
+// version 6.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         196.7      0.76   (258.7)
-//   64   4096  no         204.8      0.69   (298.8)
-//   64   1024  yes        164.4      0.80   (206.3)
-//   64   4096  yes        190.0      0.72   (263.1)
-//   128  1024  no         177.9      0.55   (322.7)
-//   128  4096  no         185.1      0.52   (354.8)
-//   128  1024  yes        153.2      0.60   (256.2)
-//   128  4096  yes        174.6      0.54   (324.8)
-// Result: does not pay. Equal to version 6 at d = 64 (-1%), 14% slower at d = 128
-// (N = 4096, non-causal), with 174 instead of 162 registers. Both run 2 blocks
-// per SM (shared memory allows 2), so occupancy does not explain it; the cause
-// was not established (no profiler run). Versions 9-11 build on version 6.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

@@ -2,29 +2,23 @@
 //
 // What changes from version 7: two numbers, Br = 128 and 8 warps per block.
 // Each K_j, V_j tile brought into shared memory now serves 128 query rows
-// instead of 64, halving the K/V traffic from L2 and HBM per unit of work, and
-// halving the number of blocks that each re-read the whole of K and V. The
-// cost: (128 + 4 x 64) x (D + 8) halves of shared memory per block (about 104 KB
-// at d = 128), fewer blocks per SM, and, with causal masking, a larger share
-// of each diagonal tile wasted on masked scores.
+// instead of 64, halving the number of blocks that each re-read the whole of K
+// and V. The cost: (128 + 4 x 64) x (D + 8) halves of shared memory per block,
+// fewer blocks per SM, and, with causal masking, a larger share of each diagonal
+// tile wasted on masked scores.
+// What the counters show against version 7: the L2 bytes halve and the DRAM bytes
+// do not change (they were the compulsory traffic already). At d = 64 fewer
+// instructions are issued and the tensor pipe is busier; at d = 128 the issue slots
+// are less busy and the warps wait longer per instruction (short-scoreboard and
+// 'wait' stalls grow), so halving the L2 traffic bought little there: L2 bandwidth
+// was not what held version 7 back. Version 9 reaches the same Br with 4 warps of
+// 32 rows and beats this version in the recorded run.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         210.3      0.81   (258.7)
-//   64   4096  no         223.0      0.75   (298.8)
-//   64   1024  yes        163.8      0.79   (206.3)
-//   64   4096  yes        202.1      0.77   (263.1)
-//   128  1024  no         178.7      0.55   (322.7)
-//   128  4096  no         188.9      0.53   (354.8)
-//   128  1024  yes        146.1      0.57   (256.2)
-//   128  4096  yes        174.9      0.54   (324.8)
-// Result: +9% over version 7 at d = 64; at d = 128 it stays 12% below version 6
-// (N = 4096, non-causal): 8 warps x 172 registers allow only 1 block per SM.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM

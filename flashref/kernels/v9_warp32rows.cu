@@ -3,31 +3,22 @@
 // What changes from version 6: a warp now computes two 16-row groups of S and O
 // (MI = 2) instead of one. Every K_j and V_j fragment it reads from shared
 // memory with ldmatrix feeds two mma instructions, one per row group, instead
-// of one: shared-memory traffic per matrix instruction halves, the likely
-// limit of versions 3-8 (each HMMA.16816 needed one 16-byte-per-lane ldmatrix
-// of K or V next to it). This is how FlashAttention-2 tiles the forward pass
-// (128 query rows per block of 4 warps). The price is registers: two row
-// groups of O (2 x D/2 floats per thread) and of S (2 x 32 floats) live at
-// once, so the kernel runs with fewer resident warps per SM, and at d = 128 the
-// key tile shrinks to Bc = 32 (with Bc = 64, ptxas spilled 92 bytes at 255 registers).
+// of one, so the shared-memory reads per matrix instruction fall. This is how
+// FlashAttention-2 tiles the forward pass (128 query rows per block of 4 warps).
+// The price is registers: two row groups of O (2 x D/2 floats per thread) and
+// of S live at once, so the kernel runs with fewer resident warps per SM, and at
+// d = 128 the key tile shrinks to Bc = 32 (with Bc = 64 there, ptxas spills at its
+// limit of 255 registers: change the Bc line and compile with --resource-usage to see).
+// What the counters show against version 6: fewer ldmatrix per mma, fewer
+// instructions issued for the same matrix instructions, a busier tensor pipe and
+// half the L2 bytes (Br = 128), with half the resident warps: fewer warps, each with
+// more independent work. At d = 64 the warps also stall less per issued instruction.
 //
-// Measured on the H200 (2026-11-30; CuPy 14.2.0, torch 2.11.0+cu130, one process;
-// (B, H, N, d) = (2*16384/N, 16, N, d), fp16 inputs; median of 10 CUDA-event timings;
-// TFLOP/s = 4 B H N^2 d / t, halved for causal; ratio = this / SDPA FLASH fp16, same run):
-//   d    N     causal   TFLOP/s   x FLASH   (FLASH TFLOP/s)
-//   64   1024  no         229.2      0.89   (258.7)
-//   64   4096  no         245.9      0.82   (298.8)
-//   64   1024  yes        178.5      0.87   (206.3)
-//   64   4096  yes        219.9      0.84   (263.1)
-//   128  1024  no         235.0      0.73   (322.7)
-//   128  4096  no         247.3      0.70   (354.8)
-//   128  1024  yes        189.1      0.74   (256.2)
-//   128  4096  yes        223.7      0.69   (324.8)
-// Result: the fastest so far. Over version 6 (N = 4096, non-causal): +19% at
-// d = 64, +15% at d = 128; 0.69-0.84x SDPA FLASH in the four N = 4096 cases.
+// Measured: see the recorded run (results/gpu_bench.json, results/gpu_profile.json), printed
+// by chapter 5; this comment holds no numbers, so it cannot disagree with them.
 //
-// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128}; the PTX wrappers
-// are in mma_common.cuh.
+// Compiled at run time by NVRTC with -DHEAD_DIM=<d>, d in {64, 128} (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the PTX wrappers are in mma_common.cuh.
 // The caller guarantees scale > 0 (a negative scale is folded into Q).
 
 #ifndef HEAD_DIM
