@@ -4,7 +4,9 @@
 
 Each notebook runs top to bottom in a fresh kernel started in ``notebooks/``. Cells tagged
 ``gpu`` run only where ``flashref.gpu.available()``; elsewhere they keep their committed
-outputs, which come from a run on the GPU. Execution counts are renumbered from 1 and the
+outputs, which come from a run on the GPU. A cell's consecutive prints become one output (a
+cell that prints while it compiles would otherwise show as many boxes). Execution counts
+are renumbered from 1 and the
 notebook's metadata is reduced to the kernel's name, so that a re-run changes the file only
 where an output changed. ``make test`` then checks the result with nbval.
 """
@@ -25,7 +27,7 @@ METADATA = {
 
 def run(path: Path, gpu: bool) -> None:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3",
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", coalesce_streams=True,
                             resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
     count = 0
     with client.setup_kernel():
