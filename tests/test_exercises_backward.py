@@ -265,9 +265,7 @@ def test_a_transpose_that_does_not_fit_is_reported_as_raised():
 def test_not_skipping_fails_only_the_case_with_nan_keys():
     with np.errstate(all="ignore"):
         result = check_tiled_backward(kv_outer("no_skip"))
-    assert [f.case.split(":")[0] for f in result.failures] == [
-        "Nq < Nk (keys 32-49, which no query may attend to, are NaN)"
-    ]
+    assert [f.case.split(":")[0] for f in result.failures] == ["Nq < Nk, keys 32-49 NaN"]
     assert "got nan" in str(result)
 
 

@@ -66,8 +66,7 @@ def where_wrong(expected, got, tol, rtol, name):
         where, e, g = f"row {r} (the first wrong row), column {c}", expected[r, c], got[r, c]
     return (
         f"{name}, {where}: expected {e:.6g}, got {g:.6g}\n"
-        f"  largest error {worst:.3g}; tolerance {tol:.3g} = {rtol:g} x the largest "
-        f"sum of |terms| in {name}"
+        f"  largest error {worst:.3g}; tolerance {tol:.3g} = {rtol:g} x max sum of |terms|"
     )
 
 

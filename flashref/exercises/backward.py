@@ -218,7 +218,7 @@ def _tiled_case(label, q, k, v, do, Br, Bc, causal, poison, memory=None) -> Part
         seen = -(-Nq // Bc) * Bc
         k, v = k.copy(), v.copy()
         k[seen:], v[seen:] = np.nan, np.nan
-        label += f" (keys {seen}-{Nk - 1}, which no query may attend to, are NaN)"
+        label += f", keys {seen}-{Nk - 1} NaN"  # no query may attend to them
     o, lse = naive_attention(q, k[:seen], v[:seen], causal=causal, return_lse=True)
     grads = naive_attention_backward(q, k[:seen], v[:seen], o, lse, do, causal=causal)
     dq, dk, dv = grads[0], np.zeros(k.shape), np.zeros(v.shape)
