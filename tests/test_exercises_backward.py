@@ -161,9 +161,9 @@ def kv_outer(rule="correct"):
             for r0 in range(0, Nq, block_q):
                 r1 = min(r0 + block_q, Nq)
                 if causal and rule != "no_skip":
-                    last = r0 if rule == "skip_first_row" else r1 - 1
-                    first_key = c1 - 1 if rule == "skip_last_key" else c0
-                    if first_key > last:
+                    last = r0 if rule in ("skip_first_row", "skip_diagonal") else r1 - 1
+                    key = c1 - 1 if rule in ("skip_last_key", "skip_diagonal") else c0
+                    if key > last:
                         continue  # every key after every query: fully masked
                 Qi = q[r0:r1] * scale  # (Br, d), scaled once
                 dOi = do[r0:r1]  # (Br, dv)
@@ -185,12 +185,17 @@ def kv_outer(rule="correct"):
                     dKj += scale * (dS.T @ Qi)
                 else:
                     dKj += dS.T @ Qi
-                part = (dS if rule == "no_scale_dq" else scale * dS) @ Kj  # (Br, d)
+                dS_q = dS.T if rule == "transpose_dq" else dS
+                part = (dS_q if rule == "no_scale_dq" else scale * dS_q) @ Kj  # (Br, d)
                 if rule == "overwrite_dq":
                     dq[r0:r1] = part
                 else:
                     dq[r0:r1] += part
-            dk[c0:c1], dv[c0:c1] = dKj, dVj
+                if rule == "overwrite_dkdv":  # the running sums thrown away each tile
+                    dk[c0:c1], dv[c0:c1] = dKj, dVj
+                    dKj, dVj = np.zeros_like(Kj), np.zeros_like(Vj)
+            if rule != "overwrite_dkdv":
+                dk[c0:c1], dv[c0:c1] = dKj, dVj
         return dq, dk, dv
 
     return fn
@@ -233,13 +238,16 @@ def test_tiled_accepts_correct_solutions():
         ("d_o_o", m.D_WRONG_ARRAYS),
         ("d_tile", m.D_ONE_TILE),
         ("no_lse", m.NO_LSE),
+        ("transpose_dq", m.TRANSPOSE_DQ),
         ("transpose_dk", m.TRANSPOSE_DK),
         ("transpose_dv", m.TRANSPOSE_DV),
         ("overwrite_dq", m.DQ_OVERWRITTEN),
+        ("overwrite_dkdv", m.DKDV_OVERWRITTEN),
         ("drop_tail", OFF_BY_ONE),
         ("no_skip", m.NO_SKIP),
         ("skip_first_row", m.WRONG_SKIP),
         ("skip_last_key", m.WRONG_SKIP),
+        ("skip_diagonal", m.WRONG_SKIP),
         ("no_mask", NO_CAUSAL),
         ("bottom_right", BOTTOM_RIGHT),
         ("strict", STRICT_CAUSAL),
@@ -344,3 +352,14 @@ def test_the_checkers_are_listed_with_the_others():
 
     listed = dir(flashref.exercises)
     assert "check_backward_tile" in listed and "check_tiled_backward" in listed
+
+
+def test_a_float32_tile_is_told_precision():
+    def in_float32(*args):
+        return tuple(x.astype(np.float64) for x in tile()(*(a.astype(np.float32) for a in args)))
+
+    with np.errstate(all="ignore"):
+        result = check_backward_tile(in_float32)
+    assert not result
+    assert all(f.case.startswith("scores near") for f in result.failures), str(result)
+    assert all(f.diagnosis == PRECISION for f in result.failures), str(result)
