@@ -33,6 +33,8 @@ _CHECKERS = {
     "check_merge_states": "state",
     "check_one_query_attention": "attention",
     "check_tiled_attention": "attention",
+    "check_backward_tile": "backward",
+    "check_tiled_backward": "backward",
 }
 
 __all__ = ["CheckResult", "Failure", *_CHECKERS]
