@@ -8,12 +8,13 @@ mistake (no rescaling, rescaling the wrong way, off-by-one tile bounds, wrong
 causal alignment, float32 precision...), the mistake's name. ``bool(result)`` is
 True when every case passed.
 
-All six follow one set of rules: ``fn`` must be callable (TypeError otherwise,
+All of them follow one set of rules: ``fn`` must be callable (TypeError otherwise,
 before anything runs); each case is a separate call, whose exception or
 ``NotImplementedError`` is reported while the other cases still run, and whose
 warnings are recorded, not raised; the answer must be a plain numpy array (a
-float for the weighted sum, a state for the merge), and anything else is
-refused with a report line saying what came back (see ``_answer``).
+float for the weighted sum, a state for the merge, an integer array of positions
+or a pair ``(O, lse)`` for the ring), and anything else is refused with a report
+line saying what came back (see ``_answer``).
 
     from flashref.exercises import check_online_softmax
     check_online_softmax(my_online_softmax)
@@ -35,6 +36,9 @@ _CHECKERS = {
     "check_tiled_attention": "attention",
     "check_backward_tile": "backward",
     "check_tiled_backward": "backward",
+    "check_held_positions": "ring",
+    "check_zigzag_positions": "ring",
+    "check_device_step": "ring",
 }
 
 __all__ = ["CheckResult", "Failure", *_CHECKERS]

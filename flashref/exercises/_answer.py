@@ -1,6 +1,6 @@
 """What a reader's function may return, and how far an answer is from the reference.
 
-One rule for all six checkers, applied before any arithmetic on the answer:
+One rule for every checker, applied before any arithmetic on the answer:
 
 - ``None`` is reported as a forgotten ``return``;
 - a tuple where one array (or one float) was expected gets a hint: return the

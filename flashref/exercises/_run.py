@@ -1,4 +1,4 @@
-"""Running a reader's function on every case: the one loop all six checkers share.
+"""Running a reader's function on every case: the one loop every checker shares.
 
 For each case the reader's function gets fresh copies of the inputs (it may
 modify them) and runs in isolation:
