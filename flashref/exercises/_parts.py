@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._answer import RETURNED_NONE, TIGHT, array_answer, excess, type_name
-from ._report import CheckResult, Failure
-from ._run import Case, float32_band
+from ._run import Case, float32_band, name_with
 
 
 @dataclass
@@ -134,12 +133,4 @@ def _diagnose(case: PartsCase, value) -> list[str]:
     return names
 
 
-def name_part_mistakes(result: CheckResult, ran) -> None:
-    """The mistake namer ``_run.run`` calls: diagnose every failed case that has candidates."""
-    for case, value, index in ran:
-        if index is None or case.wrong is None:
-            continue
-        names = _diagnose(case, value)
-        if names:
-            f = result.failures[index]
-            result.failures[index] = Failure(f.case, f.problem, " or ".join(names))
+name_part_mistakes = name_with(_diagnose)  # the namer ``_run.run`` calls

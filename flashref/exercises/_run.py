@@ -178,3 +178,19 @@ def _name_precision(result: CheckResult, ran) -> None:
 def float32_band(magnitude):
     """The float32 band's tolerance for a given magnitude (see the module docstring)."""
     return FLOAT32_BAND * U32 * magnitude
+
+
+def name_with(diagnose: Callable) -> Callable:
+    """A ``name_mistakes`` for ``run``: ``diagnose(case, value)`` lists the mistakes that explain
+    a failed case, and they are written on its report line, joined by "or"."""
+
+    def name_mistakes(result: CheckResult, ran) -> None:
+        for case, value, index in ran:
+            if index is None or case.wrong is None:
+                continue
+            names = diagnose(case, value)
+            if names:
+                f = result.failures[index]
+                result.failures[index] = Failure(f.case, f.problem, " or ".join(names))
+
+    return name_mistakes

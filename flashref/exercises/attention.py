@@ -50,8 +50,8 @@ from ._attention_mistakes import (
 )
 from ._cases import memory_case, one_query_cases, tiled_cases
 from ._memory import NOT_TILED, UNTILED_KEYS, memory_verdict, tiled_budget
-from ._report import NOT_IMPLEMENTED, PRECISION, CheckResult, Failure
-from ._run import Case, check_callable, checker, float32_band, run
+from ._report import NOT_IMPLEMENTED, PRECISION, CheckResult
+from ._run import Case, check_callable, checker, float32_band, name_with, run
 
 __all__ = [
     "check_one_query_attention",
@@ -125,14 +125,7 @@ def _diagnose(case: Case, got) -> list[str]:
     return names
 
 
-def _name_mistakes(result: CheckResult, ran) -> None:
-    for case, value, index in ran:
-        if index is None or case.wrong is None:
-            continue
-        names = _diagnose(case, value)
-        if names:
-            f = result.failures[index]
-            result.failures[index] = Failure(f.case, f.problem, " or ".join(names))
+_name_mistakes = name_with(_diagnose)
 
 
 def _describe_mismatch(expected, got, tol):
