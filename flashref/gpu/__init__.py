@@ -224,6 +224,14 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     return (O, lse) if return_lse else O
 
 
+from .decode import (  # noqa: E402 (it uses _require_gpu and _to_cupy, defined above)
+    cache_decode_attention,
+    choose_num_splits,
+    decode_attention,
+    decode_plan,
+    paged_decode_attention,
+)
+
 __all__ = [
     "DTYPES",
     "GPUUnavailableError",
@@ -232,6 +240,11 @@ __all__ = [
     "VERSIONS",
     "Version",
     "available",
+    "cache_decode_attention",
+    "choose_num_splits",
+    "decode_attention",
+    "decode_plan",
     "flash_attention",
     "gpu_unavailable_reason",
+    "paged_decode_attention",
 ]
