@@ -8,6 +8,7 @@ without CuPy end in ``GPUUnavailableError``.
 from __future__ import annotations
 
 import builtins
+import json
 import sys
 
 import numpy as np
@@ -137,3 +138,31 @@ def test_decode_plan_packs_query_heads_into_rows():
     assert (p.row_tiles, p.row_blocks, p.grid[1]) == (2, 4, 4)
     assert p.smem_bytes == dec.smem_bytes(64, 2) == 2 * (32 + 6 * 64) * 72
     assert fg.decode_plan(2, 4, 4, 1, 1000, 64, 132, num_splits=7).grid == (7, 4, 2)
+
+
+def test_bench_decode_table_and_json_keys(tmp_path, capsys):
+    """The benchmark's printing and JSON on a made-up result (the chapter reads these keys)."""
+    from flashref.bench import decode as bench
+
+    meta = {"gpu": "G", "hbm_read_gbps": 4000.0, "hbm_copy_gbps": 3000.0, "sm_count": 132}
+    base = {"dtype": "float16", "d": 128, "B": 1, "Hq": 32, "Hkv": 8, "Nq": 1, "Nk": 4096}
+    rows = [
+        {**base, "impl": "flashref", "gbps": 3000.0, "num_splits": 8, "note": None,
+         "ratio_to_cudnn": 1.5, "fraction_of_read": 0.75},
+        {**base, "impl": "sdpa_cudnn", "gbps": 2000.0, "num_splits": None, "note": None,
+         "ratio_to_cudnn": 1.0, "fraction_of_read": 0.5},
+        {**base, "impl": "sdpa_math", "gbps": None, "num_splits": None, "note": "refused: X",
+         "ratio_to_cudnn": None, "fraction_of_read": None},
+    ]  # fmt: skip
+    bench.print_table({"meta": meta, "rows": rows})
+    out = capsys.readouterr().out
+    assert "3000 (1.50, 0.75)" in out and "2000 (1.00, 0.50)" in out
+    assert "skipped" in out and "sdpa_math float16 B=1 Hkv=8 Nk=4096: refused: X" in out
+    bench.write_json({"meta": meta, "rows": rows}, tmp_path / "d.json")
+    assert json.loads((tmp_path / "d.json").read_text())["rows"][0]["num_splits"] == 8
+
+
+def test_bench_decode_is_a_target():
+    from flashref.bench.__main__ import TARGETS
+
+    assert "decode" in TARGETS
