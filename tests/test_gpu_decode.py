@@ -311,3 +311,20 @@ def test_errors_before_any_work(cp):
     table = cp.asarray(np.array([[0, 1], [2, 7]], dtype=np.int32))
     with pytest.raises(ValueError, match=r"block_table\[1, 1\] is 7"):
         paged_decode_attention(q, kp, kp, table, np.array([5, 20]))
+
+
+@pytest.mark.parametrize("Nq,Nk,causal", [(3, 300, False), (16, 16, True), (1, 1, True)])
+def test_flash_attention_routes_grouped_heads_to_decode(cp, Nq, Nk, causal):
+    from flashref.gpu import flash_attention
+
+    q, k, v = _inputs("float16", 2, 8, 2, Nq, Nk, 128, "route")
+    f64 = [x.astype(np.float64) for x in (q, k, v)]
+    ref, ref_lse = naive_attention(*f64, causal=causal, return_lse=True)  # top-left
+    allowed = np.tril(np.ones((Nq, Nk), bool)) if causal else np.ones((Nq, Nk), bool)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(128))
+    out = cp.full(q.shape, np.nan, dtype=cp.float16)
+    O, lse = flash_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                             return_lse=True, out=out)  # fmt: skip
+    assert O is out
+    label = f"flash_attention grouped Nq={Nq} Nk={Nk} {causal=}"
+    _check(label, "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
