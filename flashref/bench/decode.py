@@ -113,16 +113,11 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool):
     B, Hkv, Nk, _ = k.shape
     plan = decode_plan(B, HQ, Hkv, NQ, Nk, D, ctx["sm_count"])
     common = {"causal": False, "scale": 1 / math.sqrt(D), "plan": plan}
-    out = [
-        (
-            "flashref",
-            lambda: launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1, **common)[
-                0
-            ],
-            plan.num_splits,
-            None,
-        )
-    ]
+
+    def contiguous():  # the cache (B, Hkv, Nk, D) read as B pages of Nk slots
+        return launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1, **common)[0]
+
+    out = [("flashref", contiguous, plan.num_splits, None)]
     if paged_ok:
         n = Nk // PAGE_SIZE  # pages per sequence, laid out in order: page b * n + p
         kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, D).transpose(0, 2, 1, 3, 4))
