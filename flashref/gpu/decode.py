@@ -28,8 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_block, check_flag, check_scale, check_shapes, group_size
-from ..kvcache import _check_causal
+from .._checks import check_block, check_shapes, group_size
+from .decode_checks import (
+    HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
+    MAX_NQ,  # noqa: F401
+    check_arrays,
+    check_block_table,
+    check_common,
+    check_kind,
+    check_lengths,
+)
 from .versions import DTYPE_DEFINES, KERNEL_DIR
 
 FILE = "decode_split_kv.cu"
@@ -37,11 +45,8 @@ BC = 64  # keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block
 THREADS = 128
 BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
-MAX_NQ = 16
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # a split shorter than this costs more in its merge than it gains
-HEAD_DIMS = (64, 128)
-DTYPES = ("float16", "bfloat16")
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
 
@@ -112,81 +117,6 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None) -> DecodePlan:
         num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks)
     grid = (num_splits, Hkv * blocks, B)
     return DecodePlan(num_splits, tiles, blocks, grid, THREADS, smem_bytes(d, tiles))
-
-
-def _dtype_name(x) -> str:
-    return str(x.dtype).removeprefix("torch.")
-
-
-def _check_arrays(q, k, v, kname: str, vname: str) -> None:
-    """q and a K/V pair are arrays of 4 dimensions (the layouts of the docstrings)."""
-    want = "(num_pages, Hkv, page_size, d)" if kname == "k_pages" else "(B, Hkv, Nk, d)"
-    for name, x in (("q", q), (kname, k), (vname, v)):
-        if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
-            raise TypeError(
-                f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
-            )
-        if x.ndim != 4:
-            shape = "(B, Hq, Nq, d)" if name == "q" else want
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {shape}")
-
-
-def _check_kind(q, k, v, kname: str, vname: str):
-    """1 <= Nq <= 16, v's head dim that of q, one 16-bit dtype, d in HEAD_DIMS."""
-    Nq, d = q.shape[2], q.shape[3]
-    if not 1 <= Nq <= MAX_NQ:
-        raise ValueError(
-            f"q has {Nq} queries per sequence (shape {tuple(q.shape)}); the decode kernel takes "
-            f"1 <= Nq <= {MAX_NQ}: for longer query blocks (a prefill) use "
-            "flashref.gpu.flash_attention"
-        )
-    if v.shape[-1] != d:
-        raise ValueError(f"{vname} has shape {tuple(v.shape)}; its head dim must equal q's, {d}")
-    dtypes = {_dtype_name(x) for x in (q, k, v)}
-    if len(dtypes) != 1:
-        raise TypeError(
-            f"q, {kname}, {vname} must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype} "
-            "(no implicit casts)"
-        )
-    dtype = dtypes.pop()
-    if dtype not in DTYPES:
-        raise TypeError(f"q has dtype {dtype}; the decode kernel supports {', '.join(DTYPES)}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q has head dim d={d}; the decode kernel supports d in {HEAD_DIMS}")
-    return dtype, d
-
-
-def _host_ints(x, name: str, ndim: int) -> np.ndarray:
-    """An integer array (NumPy, list, CuPy or torch) copied to the host, of rank ``ndim``."""
-    if hasattr(x, "detach"):  # torch
-        x = x.detach().cpu().numpy()
-    elif type(x).__module__.split(".")[0] == "cupy":
-        x = x.get()
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} has dtype {arr.dtype}; expected integers (int32)")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} has shape {arr.shape}; expected {ndim} dimension(s)")
-    return arr
-
-
-def _check_lengths(lengths, B: int, limit: int, what: str) -> np.ndarray:
-    L = _host_ints(lengths, "lengths", 1)
-    if L.shape != (B,):
-        raise ValueError(f"lengths has shape {L.shape}; expected ({B},), one per sequence of q")
-    bad = np.flatnonzero((L < 0) | (L > limit))
-    if bad.size:
-        b = int(bad[0])
-        raise ValueError(f"lengths[{b}] is {int(L[b])}; expected 0 <= length <= {limit} ({what})")
-    return L.astype(np.int32)
-
-
-def _common(causal, scale, num_splits, return_lse, d):
-    causal = _check_causal(causal)
-    check_flag(return_lse, "return_lse")
-    if num_splits is not None:
-        num_splits = check_block(num_splits, "num_splits")
-    return causal, check_scale(scale, d, "float32"), num_splits
 
 
 def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan):
@@ -281,12 +211,12 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    _check_arrays(q, k, v, "k", "v")
+    check_arrays(q, k, v, "k", "v")
     check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
-    _, d = _check_kind(q, k, v, "k", "v")
-    causal, scale, num_splits = _common(causal, scale, num_splits, return_lse, d)
+    _, d = check_kind(q, k, v, "k", "v")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
     B, Nk = q.shape[0], k.shape[2]
-    L = None if lengths is None else _check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
+    L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
     return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
                 causal=causal, scale=scale, num_splits=num_splits, lse=return_lse)  # fmt: skip
 
@@ -304,7 +234,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
         causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
         scale, num_splits, return_lse: as ``decode_attention``.
     """
-    _check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
+    check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
     if tuple(v_pages.shape) != tuple(k_pages.shape):
         raise ValueError(
             f"v_pages has shape {tuple(v_pages.shape)} but k_pages {tuple(k_pages.shape)}"
@@ -315,23 +245,12 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
         raise ValueError(
             f"k_pages has shape {tuple(k_pages.shape)} but q has head dim {q.shape[3]}"
         )
-    _, d = _check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
-    causal, scale, num_splits = _common(causal, scale, num_splits, return_lse, d)
+    _, d = check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
     B = q.shape[0]
-    bt = _host_ints(block_table, "block_table", 2)
-    if bt.shape[0] != B:
-        raise ValueError(f"block_table has shape {bt.shape}; expected ({B}, max_pages)")
-    L = _check_lengths(lengths, B, bt.shape[1] * ps, f"block_table holds {bt.shape[1]} pages")
-    for b in range(B):  # the pages in use must exist in the pool
-        used = bt[b, : -(-int(L[b]) // ps)]
-        if ((used < 0) | (used >= P)).any():
-            j = int(np.flatnonzero((used < 0) | (used >= P))[0])
-            raise ValueError(
-                f"block_table[{b}, {j}] is {int(used[j])}, a page sequence {b} uses (length "
-                f"{int(L[b])}); expected 0 <= page < {P} (num_pages of k_pages)"
-            )
+    bt, L = check_block_table(block_table, lengths, B, P, ps)
     Nk_max = int(L.max()) if B else 0
-    return _run(q, k_pages, v_pages, bt.astype(np.int32), L, ("k_pages", "v_pages"), Hkv=Hkv,
+    return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,
                 page_size=ps, max_pages=bt.shape[1], Nk=Nk_max, causal=causal, scale=scale,
                 num_splits=num_splits, lse=return_lse)  # fmt: skip
 
