@@ -81,9 +81,12 @@ __device__ __forceinline__ void load_kv_tile(u32 s, const half_t* K, const half_
         const bool ok = p < L;
         size_t off = 0;
         if (ok) {
-            const int pi = p / ps;                // which of the sequence's pages
-            const int page = bt ? bt[pi] : b;     // contiguous cache: page b, ps = Nk
-            off = (((size_t)page * Hkv + hkv) * ps + (p - pi * ps)) * D + c * 8;
+            int page = b, slot = p;  // contiguous cache: page b, ps = Nk (no division)
+            if (bt) {
+                const int pi = p / ps;  // which of the sequence's pages
+                page = bt[pi], slot = p - pi * ps;
+            }
+            off = (((size_t)page * Hkv + hkv) * ps + slot) * D + c * 8;
         }
         const u32 dst = s + ((r + k * RSTEP) * LDS + c * 8) * 2;
         cp_async16(dst, K + off, ok);
