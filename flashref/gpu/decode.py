@@ -46,7 +46,7 @@ STAGES = 3  # K/V tiles in shared memory per block
 THREADS = 128
 BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
 MAX_SPLITS = 128
-MIN_TILES_PER_SPLIT = 2  # a split shorter than this costs more in its merge than it gains
+MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurement
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
 
