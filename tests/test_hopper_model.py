@@ -254,3 +254,52 @@ def test_probe_arguments_are_checked():
     with pytest.raises(ValueError, match="n must be 64 or 128"):
         hpp.run("tma", "float16", 256)
     assert '#include "' not in hpp.source() and "wgmma_rs_n128" in hpp.source()
+
+
+# ---------------------------------------------------------------- figures
+
+
+@pytest.fixture
+def close_figures():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_draw_swizzle_puts_each_chunk_where_the_model_says(close_figures):
+    from flashref.gpu import hopper_figures as hf
+
+    fig = hf.draw_swizzle()
+    assert fig.get_size_inches()[0] * fig.dpi == 800
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if re.fullmatch(r"\d\.\d", t.get_text())]
+    assert len(labels) == 2 * 64  # every chunk, once on each side
+    right = [t for t in labels if t.get_position()[0] > 10]
+    stored = hp.chunk_map(8)
+    for t in right:
+        r, j = map(int, t.get_text().split("."))
+        x, y = t.get_position()
+        assert y == r + 0.5 and x == 1.2 + 8 + 2.0 + stored[r, j] + 0.5, t.get_text()
+    assert sorted(t.get_text() for t in right) == sorted(
+        f"{r}.{j}" for r in range(8) for j in range(8)
+    )
+
+
+@pytest.mark.parametrize("n,warp", [(64, 0), (128, 2)])
+def test_draw_accumulators_labels_come_from_the_map(n, warp, close_figures):
+    from flashref.gpu import hopper_figures as hf
+
+    fig = hf.draw_accumulators(n, warp)
+    assert fig.get_size_inches()[0] * fig.dpi == 800
+    labels = [t.get_text() for t in fig.axes[0].texts if "\n" in t.get_text()]
+    src = hp.wgmma_c_map(n)
+    held = {tuple(src[t, i]): (t, i) for t in range(128) for i in range(n // 2)}
+    want = []
+    for r in range(16 * warp, 16 * warp + 16):
+        for c in range(16):
+            want.append("T{}\nd{}".format(*held[r, c]))
+    assert labels == want
+    assert labels[:3] == [f"T{32 * warp}\nd0", f"T{32 * warp}\nd1", f"T{32 * warp + 1}\nd0"]
+    with pytest.raises(ValueError, match=r"warp must be in 0\.\.3, got 4"):
+        hf.draw_accumulators(64, 4)
