@@ -1,6 +1,6 @@
 """Runs one stage of ``flashref/kernels/probe_wgmma.cu`` and says what, if anything, is wrong.
 
-    python -m flashref.gpu.hopper_probe tma|ss_hand|ss_tma|rs --dtype float16 --n 64
+    python -m flashref.gpu.hopper_probe tma|pipeline|ss_hand|ss_tma|rs --dtype float16 --n 64
 
 prints one JSON line: ``{"stage", "dtype", "n", "ok", "checks": [[name, ok, detail], ...]}``.
 One stage per process, because an illegal wgmma poisons the CUDA context and a barrier bug
@@ -22,7 +22,8 @@ from . import hopper as hp
 from .tolerances import tolerance
 from .versions import DTYPE_DEFINES, KERNEL_DIR
 
-STAGES = ("tma", "ss_hand", "ss_tma", "rs")
+STAGES = ("tma", "pipeline", "ss_hand", "ss_tma", "rs")
+PIPELINE_TILES = 5  # odd: each buffer's barrier goes through both parities
 PROBE = KERNEL_DIR / "probe_wgmma.cu"
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
 S_BOUND = 64 * 2.0**-23  # fp32 accumulation of 64 exact products, elementwise
@@ -161,6 +162,31 @@ def stage_tma(dtype: str, n: int) -> list:
     return checks
 
 
+def stage_pipeline(dtype: str) -> list:
+    """(i') Tiles through two buffers and two re-armed mbarriers: each image is its tile's."""
+    cp, module = _module(dtype)
+    T = PIPELINE_TILES
+    codes = (np.arange(64 * T)[:, None] * 64 + np.arange(64)).astype(np.uint16)  # (64 T, 64)
+    x = cp.asarray(codes.view(np_dtype(dtype)))
+    out = cp.full((T, 64 * 64), 0xFFFF, dtype=cp.uint16)  # poisoned
+    flags = cp.zeros(2, dtype=cp.int32)
+    module.get_function("probe_pipeline")(
+        (1,), (128,), (hp.tensor_map(x, 64), out, np.int32(T), flags)
+    )
+    cp.cuda.runtime.deviceSynchronize()
+    got = cp.asnumpy(out)
+    checks = []
+    for t in range(T):
+        want = hp.swizzle_tile(codes[64 * t : 64 * t + 64])
+        ok = bool(np.array_equal(got[t], want))
+        rows = sorted({int(v) // 64 for v in got[t][got[t] != want][:64]})
+        detail = (
+            "exact" if ok else f"holds rows {rows[:8]} of the tensor (tile {t} is rows {64 * t}..)"
+        )
+        checks.append([f"tile {t}: buffer {t % 2}, wait parity {(t // 2) % 2}", ok, detail])
+    return checks
+
+
 def _run_ss(dtype: str, n: int, tma: bool, Q, K):
     cp, module = _module(dtype)
     q = cp.asarray(Q.astype(np_dtype(dtype)))
@@ -271,6 +297,8 @@ def run(stage: str, dtype: str, n: int, lbo: int | None = None, sbo: int = 1024)
         raise ValueError(f"n must be 64 or 128, got {n!r}")
     if stage == "tma":
         checks = stage_tma(dtype, n)
+    elif stage == "pipeline":
+        checks = stage_pipeline(dtype)
     elif stage in ("ss_hand", "ss_tma"):
         checks = stage_ss(dtype, n, stage == "ss_tma")
     else:

@@ -6,6 +6,9 @@
 //   probe_tma          (i)   TMA loads a (box_rows, 64) box, 128-byte swizzle, into shared
 //                            memory, waiting on an mbarrier with expect_tx; the raw shared
 //                            bytes are written back: out[i] = 16-bit word i of the tile
+//   probe_pipeline     (i')  `tiles` 64 x 64 boxes through a ring of two buffers, each with
+//                            its own mbarrier re-armed per use: the wait parity of use u of
+//                            a buffer is u % 2; out[t] = the shared image of tile t
 //   probe_ss_hand_nN   (ii)  Q (64 x 64) and K (N x 64) stored into shared memory by the
 //                            threads with the swizzle formula (no TMA); S = Q K^T by 4 wgmma
 //                            m64nNk16 (k = 64 in steps of 16, descriptors 32 bytes apart)
@@ -78,6 +81,7 @@ __shared__ alignas(1024) half_t Qs[64 * 64];   // 8 KB, (64, 64) swizzled
 __shared__ alignas(1024) half_t Ks[128 * 64];  // 16 KB, (N, 64) swizzled
 __shared__ alignas(1024) half_t Vs[128 * 64];  // 16 KB, (64, N) as N / 64 boxes of (64, 64)
 __shared__ alignas(8) u64 bar_;
+__shared__ alignas(8) u64 bars_[2];  // one per ring buffer (probe_pipeline)
 
 extern "C" __global__ void __launch_bounds__(128)
 probe_tma(const __grid_constant__ TensorMap map, half_t* __restrict__ out,  // (box_rows * 64,)
@@ -91,6 +95,41 @@ probe_tma(const __grid_constant__ TensorMap map, half_t* __restrict__ out,  // (
     }
     mbar_wait(bar, 0);
     for (int i = threadIdx.x; i < box_rows * 64; i += blockDim.x) out[i] = Ks[i];
+    if (threadIdx.x == 0) {
+        flags[0] = FEAT_SM90A;
+        flags[1] = 1;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+probe_pipeline(const __grid_constant__ TensorMap map, half_t* __restrict__ out,  // (tiles, 4096)
+               int tiles, int* __restrict__ flags)                                 // (2,)
+{
+    const u32 bar0 = smem_u32(&bars_[0]), buf0 = smem_u32(Ks);  // bar b: bar0 + 8 b
+    const int BUF = 64 * 64 * 2;  // buffer b: buf0 + BUF b (8 KB, 1024-aligned)
+    if (threadIdx.x == 0) {
+        mbar_init(bar0, 1);
+        mbar_init(bar0 + 8, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int t = 0; t < 2 && t < tiles; t++) {
+            mbar_arrive_expect_tx(bar0 + 8 * t, BUF);
+            tma_load_2d(buf0 + BUF * t, &map, 0, 64 * t, bar0 + 8 * t);
+        }
+    for (int t = 0; t < tiles; t++) {
+        const int b = t % 2;
+        mbar_wait(bar0 + 8 * b, (t / 2) % 2);  // use t / 2 of buffer b
+        const half_t* tile = Ks + b * 64 * 64;
+        for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) out[t * 64 * 64 + i] = tile[i];
+        __syncthreads();  // every thread has read buffer b: it may be refilled
+        if (threadIdx.x == 0 && t + 2 < tiles) {
+            fence_proxy_async();  // order the generic reads before the async-proxy write
+            mbar_arrive_expect_tx(bar0 + 8 * b, BUF);
+            tma_load_2d(buf0 + BUF * b, &map, 0, 64 * (t + 2), bar0 + 8 * b);
+        }
+    }
     if (threadIdx.x == 0) {
         flags[0] = FEAT_SM90A;
         flags[1] = 1;
