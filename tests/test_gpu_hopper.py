@@ -13,13 +13,16 @@ The stages are ordered so that the first failing one names the piece that is wro
 
 On failure each check prints its first mismatching elements (row, column, expected, got)
 and which alternative layout (hypothesis) the result equals. ``-s`` shows every check.
+With ``$OUT`` set, each stage's JSON result is also written there (hopper_probe_*.json).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +77,9 @@ def report(result: dict) -> str:
 @pytest.mark.parametrize("stage,dtype,n", CASES, ids=[f"{s}-{dt}-n{n}" for s, dt, n in CASES])
 def test_probe_stage(hopper, stage, dtype, n):
     result = run_stage(stage, dtype, n)
+    if os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / f"hopper_probe_{stage}_{dtype}_n{n}.json"
+        path.write_text(json.dumps(result, indent=1))
     text = report(result)
     print("\n" + text)
     if stage == "rs" and not result["ok"]:  # is it LBO and SBO of V the other way round?
