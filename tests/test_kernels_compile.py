@@ -100,3 +100,44 @@ def test_roof_compiles_for_sm90(name, tmp_path):
     cmd = ["nvcc", "-arch=sm_90", "-cubin", "--resource-usage", "-o", str(tmp_path / "r.cubin")]
     proc = subprocess.run([*cmd, str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} {name} failed:\n{proc.stderr}"
+
+
+# Hopper-only kernels: wgmma and setmaxnreg need the sm_90a target (the -gencode form, which
+# nvcc 13.0 also accepts where -arch=sm_90a would run a plain sm_90 pass as well).
+SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
+HOPPER_CASES = [("probe_wgmma.cu", ()), ("probe_wgmma.cu", ("-DFLASHREF_BF16",)),
+                ("roofs/roof_wgmma.cu", ())]  # fmt: skip
+
+
+def _nvcc(path, arch, defines, tmp_path):
+    cmd = ["nvcc", *arch, "-cubin", "-Xptxas", "-v", f"-I{KERNEL_DIR}", *defines]
+    cmd += ["-o", str(tmp_path / "k.cubin"), str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return cmd, proc
+
+
+@pytest.mark.parametrize("name,defines", HOPPER_CASES, ids=["probe-fp16", "probe-bf16", "roof"])
+def test_hopper_kernels_compile_for_sm90a(name, defines, tmp_path):
+    """Every kernel of the file builds for sm_90a without spills or a stack frame."""
+    cmd, proc = _nvcc(KERNEL_DIR / name, SM90A, defines, tmp_path)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{report}"
+    print(f"\n{name} {' '.join(defines)}:\n{report}")
+    kernels = re.findall(r"Compiling entry function '(\w+)'", report)
+    frames = re.findall(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill", report
+    )
+    assert kernels and len(frames) == len(kernels), report
+    assert all(f == ("0", "0", "0") for f in frames), report
+    assert "C7510" not in report and "serialized" not in report, report  # wgmma not serialized
+    if name == "probe_wgmma.cu":
+        assert len(kernels) == 8, kernels
+
+
+def test_hopper_header_refuses_plain_sm90(tmp_path):
+    """Without the 'a' target, wgmma does not assemble: the failure is loud, not silent."""
+    _, proc = _nvcc(KERNEL_DIR / "probe_wgmma.cu", ["-arch=sm_90"], (), tmp_path)
+    assert proc.returncode != 0
+    assert "not supported on .target 'sm_90'" in proc.stderr, proc.stderr
+    _, proc = _nvcc(KERNEL_DIR / "probe_wgmma.cu", ["-arch=sm_80"], (), tmp_path)
+    assert proc.returncode != 0 and "need a Hopper target" in proc.stderr, proc.stderr
