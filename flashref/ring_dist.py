@@ -115,6 +115,25 @@ def pair_mask(q_first: int, nq: int, k_first: int, nk: int) -> str:
     )
 
 
+def _calls(q_runs, k_runs, causal: bool, own: bool):
+    """The kernel calls of one step: ``(query slice, key slice, "full" or "diagonal")``.
+
+    A rank's own block (``own``) under the causal mask is one diagonal call: its positions
+    are sorted, so local ``j <= i`` is global ``P[j] <= P[i]``. Otherwise each query run
+    meets each key run; "none" pairs are skipped, and a query run that sees the whole
+    block unmasked sees it in one call.
+    """
+    if not causal or own:
+        return [(slice(None), slice(None), "diagonal" if causal else "full")]
+    calls = []
+    for q_first, nq, qs in q_runs:
+        masks = [(ks, pair_mask(q_first, nq, k_first, nk)) for k_first, nk, ks in k_runs]
+        if all(m == "full" for _, m in masks):
+            masks = [(slice(None), "full")]  # the whole block in one call
+        calls += [(qs, ks, m) for ks, m in masks if m != "none"]
+    return calls
+
+
 def shard(x, rank: int, world_size: int, layout: str):
     """Rank ``rank``'s shard of ``x (..., N, d)`` along the sequence axis (a contiguous copy)."""
     P = shard_positions(x.shape[-2], world_size, layout)[rank]  # (N/W,)
@@ -152,10 +171,7 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
         )
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     positions = shard_positions(N, W, layout)  # W x (n,)
-    if causal:
-        block_runs = [runs(P) for P in positions]
-    else:  # no mask: a shard's order does not matter, the whole block is one "full" pair
-        block_runs = [[(0, N // W, slice(None))]] * W
+    block_runs = [runs(P) for P in positions]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     O = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc, device=q.device)  # (..., n, dv)
     lse = torch.full(q.shape[:-1], -torch.inf, dtype=acc, device=q.device)  # (..., n)
@@ -187,20 +203,13 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
         if cuda:
             ev["compute_start"].record(compute)
         done = 0
-        for q_first, nq, qs in block_runs[rank]:
-            masks = [(ks, pair_mask(q_first, nq, kf, nk) if causal else "full")
-                     for kf, nk, ks in block_runs[b]]  # fmt: skip
-            if all(m == "full" for _, m in masks):
-                masks = [(slice(None), "full")]  # the whole block in one call
-            for ks, m in masks:
-                if m == "none":
-                    continue
-                O_p, lse_p = attend(
-                    q[..., qs, :], K[..., ks, :], V[..., ks, :], causal=m == "diagonal", scale=scale
-                )  # (..., nq, dv), (..., nq)
-                O[..., qs, :], lse[..., qs] = merge(O[..., qs, :], lse[..., qs], O_p, lse_p)
-                nk = K[..., ks, :].shape[-2]
-                done += nq * (nq + 1) // 2 if m == "diagonal" else O_p.shape[-2] * nk
+        for qs, ks, m in _calls(block_runs[rank], block_runs[b], causal, own=b == rank):
+            O_p, lse_p = attend(
+                q[..., qs, :], K[..., ks, :], V[..., ks, :], causal=m == "diagonal", scale=scale
+            )  # (..., nq, dv), (..., nq)
+            O[..., qs, :], lse[..., qs] = merge(O[..., qs, :], lse[..., qs], O_p, lse_p)
+            nq, nk = O_p.shape[-2], K[..., ks, :].shape[-2]
+            done += nq * (nq + 1) // 2 if m == "diagonal" else nq * nk
         pairs.append(done)
         if cuda:
             ev["compute_end"].record(compute)

@@ -135,6 +135,21 @@ def test_runs_and_pair_masks():
         ring_dist.pair_mask(0, 8, 4, 8)
 
 
+def test_zigzag_step_is_at_most_two_unmasked_calls():
+    from flashref import shard_positions
+
+    W = 4
+    R = [ring_dist.runs(P) for P in shard_positions(8 * W, W, "zigzag")]
+    for r in range(W):
+        own = ring_dist._calls(R[r], R[r], True, own=True)
+        assert own == [(slice(None), slice(None), "diagonal")], f"rank {r}'s own block: {own}"
+        for b in set(range(W)) - {r}:
+            calls = ring_dist._calls(R[r], R[b], True, own=False)
+            want = 2 if b < r and len(R[r]) == 2 else 1  # rank W - 1: chunks W - 1, W touch
+            assert len(calls) == want, f"rank {r}, block {b}: {calls}"
+            assert all(m == "full" for *_, m in calls), f"rank {r}, block {b}: {calls}"
+
+
 def test_import_flashref_does_not_import_torch():
     code = (
         "import sys, flashref; print('torch' in sys.modules, 'flashref.ring_dist' in sys.modules)"
