@@ -181,13 +181,14 @@ def parse(argv):
 def _check_gpus(p, args):
     """Everything a GPU run needs, before any process starts."""
     import torch
+    import torch.distributed as dist
 
     from .gpu import _check_version, gpu_unavailable_reason
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have < args.gpus:
         p.error(f"--gpus {args.gpus}: torch sees {have} CUDA GPU(s) on this machine")
-    if not torch.distributed.is_nccl_available():
+    if not dist.is_nccl_available():
         p.error("--gpus: this torch was built without NCCL")
     reason = gpu_unavailable_reason()
     if reason:
