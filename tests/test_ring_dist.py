@@ -249,18 +249,33 @@ def test_gloo_ring_with_the_kernel(W, layout, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gpus", [1, 2])
 @pytest.mark.parametrize(
     "flags",
-    [["--layout", "zigzag", "--causal"], ["--dtype", "fp16"]],
-    ids=["zigzag-causal-bf16", "contiguous-fp16"],
-)
-def test_cli_one_gpu(flags, tmp_path, capsys):
-    if torch.cuda.device_count() < 1:
-        pytest.skip("torch sees no CUDA GPU (a CPU-only torch?)")
+    [["--layout", "zigzag", "--causal"], ["--layout", "contiguous", "--causal", "--dtype", "fp16"],
+     ["--layout", "zigzag"]],
+    ids=["zigzag-causal-bf16", "contiguous-causal-fp16", "zigzag-bf16"],
+)  # fmt: skip
+def test_cli_gpus(gpus, flags, tmp_path):
+    """The launcher on 1 GPU (no transfer) or 2 (NCCL), against one-GPU attention."""
+    have = torch.cuda.device_count()
+    if have < gpus:
+        pytest.skip(f"needs {gpus} GPUs; torch sees {have}")
     out = tmp_path / "ring.json"
-    argv = ["--gpus", "1", "--seq", "4096", "--heads", "4", "--head-dim", "128", "--check",
-            "--warmup", "1", "--reps", "2", "--out", str(out), *flags]  # fmt: skip
+    argv = ["--gpus", str(gpus), "--seq", "4096", "--heads", "4", "--head-dim", "128",
+            "--check", "--warmup", "1", "--reps", "2", "--out", str(out), *flags]  # fmt: skip
     code = ring_cli.main(argv)
     result = json.loads(out.read_text())
-    assert code == 0 and result["check"]["passed"], json.dumps(result["check"], indent=1)
-    assert result["ring_ms"] > 0 and result["single_ms"] > 0 and len(result["steps"]) == 1
+    what = f"--gpus {gpus} {' '.join(flags)}"
+    assert code == 0 and result["check"]["passed"], f"{what}: {json.dumps(result['check'])}"
+    layout, causal = flags[1], "--causal" in flags
+    x = np.zeros((1, 1, 4096, 1))
+    _, schedule = ring_attention(x, x, x, world_size=gpus, causal=causal, layout=layout,
+                                 return_schedule=True)  # fmt: skip
+    assert result["pairs"] == schedule.pairs.tolist(), f"{what}: pairs per (step, rank)"
+    assert result["ring_ms"] > 0 and result["single_ms"] > 0, what
+    for rank, steps in enumerate(result["steps"]):
+        assert len(steps) == gpus, f"{what}: rank {rank} timed {len(steps)} steps"
+        for i, step in enumerate(steps):
+            assert ("comm_ms" in step) == (i < gpus - 1), f"{what}: rank {rank} step {i}: {step}"
+            assert step.get("hidden", 0) >= 0 and step.get("hidden", 1) <= 1, f"{what}: {step}"
