@@ -186,7 +186,7 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
         moves = step < W - 1  # W - 1 moves: after the last step nothing needs to travel
         names = _EVENTS if moves else _EVENTS[2:]
         ev = {n: torch.cuda.Event(enable_timing=True) for n in names} if cuda else None
-        if moves:  # W - 1 moves: after the last step nothing needs to travel
+        if moves:
             if cuda:
                 comm.wait_stream(compute)  # K, V arrived; K_next, V_next no longer read
             with torch.cuda.stream(comm) if cuda else contextlib.nullcontext():
