@@ -13,8 +13,8 @@ before anything runs); each case is a separate call, whose exception or
 ``NotImplementedError`` is reported while the other cases still run, and whose
 warnings are recorded, not raised; the answer must be a plain numpy array (a
 float for the weighted sum, a state for the merge, an integer array of positions
-or a pair ``(O, lse)`` for the ring), and anything else is refused with a report
-line saying what came back (see ``_answer``).
+or of heads, or a pair ``(O, lse)`` for the ring and the combine step), and anything
+else is refused with a report line saying what came back (see ``_answer``).
 
     from flashref.exercises import check_online_softmax
     check_online_softmax(my_online_softmax)
@@ -39,6 +39,9 @@ _CHECKERS = {
     "check_held_positions": "ring",
     "check_zigzag_positions": "ring",
     "check_device_step": "ring",
+    "check_combine_splits": "decode",
+    "check_gqa_heads": "decode",
+    "check_paged_gather": "decode",
 }
 
 __all__ = ["CheckResult", "Failure", *_CHECKERS]
