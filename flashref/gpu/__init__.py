@@ -224,7 +224,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     return (O, lse) if return_lse else O
 
 
+from .backward import flash_attention_backward  # noqa: E402  (uses the helpers above)
+from .bwd_versions import BWD_VERSIONS, BwdVersion  # noqa: E402
+
 __all__ = [
+    "BWD_VERSIONS",
+    "BwdVersion",
     "DTYPES",
     "GPUUnavailableError",
     "KERNEL_DIR",
@@ -233,5 +238,6 @@ __all__ = [
     "Version",
     "available",
     "flash_attention",
+    "flash_attention_backward",
     "gpu_unavailable_reason",
 ]
