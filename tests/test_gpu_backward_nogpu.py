@@ -122,3 +122,29 @@ def test_backward_registry_is_complete():
         assert (ver.Br, ver.Bc) == (int(defines["Br"]), Bc), "tiles in the registry and .cu differ"
     src = pre_post_source()
     assert "bwd_preprocess(" in src and "bwd_dq_convert(" in src and '#include "' not in src
+
+
+def test_backward_bench_reports_missing_gpu_and_writes_nothing(no_cupy, tmp_path):
+    from flashref.bench import gpu
+
+    out = tmp_path / "b.json"
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        gpu.main(["--backward", "--n", "1024", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_backward_table_shows_ratios_to_both_baselines(capsys):
+    from flashref.bench.backward import print_table
+
+    def row(impl, direction, version, tflops):
+        return {"impl": impl, "direction": direction, "version": version, "dtype": "float16",
+                "d": 64, "causal": False, "N": 4096, "tflops": tflops}  # fmt: skip
+
+    rows = [row("flashref", "forward", 14, 240.0), row("flashref", "backward", 1, 150.0),
+            row("sdpa_flash", "backward", None, 300.0), row("sdpa_cudnn", "backward", None, 500.0),
+            row("sdpa_flash", "forward", None, 300.0)]  # fmt: skip
+    print_table({"meta": {"gpu": "a GPU", "timing": "events"}, "rows": rows})
+    text = capsys.readouterr().out
+    assert "flashref bwd1 " in text and "150.0 (0.50/0.30)" in text  # 150/300, 150/500
+    assert "flashref fwd v14 " in text and "240.0 (0.80/-)" in text  # no cuDNN forward row
+    assert "sdpa_flash bwd " in text and "sdpa_flash fwd " in text
