@@ -83,7 +83,7 @@ def test_gpu_only_rules_name_the_argument(no_cupy):
         (dict(), {"do": args[5].astype(np.float32)}, TypeError, "do has dtype float32"),
         (dict(), {"lse": args[4].astype(np.float16)}, TypeError, "lse has dtype float16; expe"),
         (dict(), {"o": [[0.0]]}, TypeError, "o must be a cupy.ndarray or a torch CUDA tensor"),
-        (dict(version=2), {}, ValueError, r"version must be one of \[1\] or None, got 2"),
+        (dict(version=99), {}, ValueError, r"version must be one of \[1, .*\] or None, got 99"),
         (dict(version="1"), {}, TypeError, "version must be an int or None, got str"),
         (dict(version=True), {}, TypeError, "version must be an int or None, got bool"),
     ]
@@ -112,6 +112,11 @@ def test_backward_registry_is_complete():
         assert ver.number == number and ver.file.startswith(f"bwd{number}_"), ver.file
         assert text.startswith(f"// backward version {number}:"), ver.file
         assert f"flash_bwd{number}(" in text
+        if ver.deterministic_dq:  # its own dQ pass, and no atomics anywhere in the file
+            assert f"{ver.dq_kernel}(" in text and "atomicAdd" not in text
+            assert ver.dq_smem_bytes(128) <= 227 * 1024
+        else:
+            assert "atomicAdd(" in text and ver.dq_kernel is None
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
         assert '#include "' not in ver.source()  # headers pasted in, as NVRTC is given it
         defines = dict(re.findall(r"^#define (NWARPS|Br|Bc) (.+?)\s+//", text, re.MULTILINE))

@@ -7,6 +7,9 @@ The loop of ``flashref.tiled_attention_backward`` as CUDA kernels, in numbered v
     flash_bwdN       per key tile j: dK_j, dV_j; dQ_i shares      dQacc (B*H, Nq, d) float32
     bwd_dq_convert   dQ = scale * dQacc in q's dtype
 
+or, for versions with ``deterministic_dq`` (a separate pass instead of atomics), the main
+kernel writes only dK, dV and ``flash_bwdN_dq`` computes dQ per query tile, written once.
+
 Conventions and argument checks are those of the forward ``flash_attention`` and of the CPU
 ``naive_attention_backward`` (the same messages): ``o`` and ``do`` shaped like q, ``lse``
 ``(..., Nq)`` float32 as ``flash_attention(..., return_lse=True)`` returns it (natural log,
@@ -100,7 +103,8 @@ _modules: dict[tuple, object] = {}
 
 
 def get_functions(ver: BwdVersion, d: int, dtype: str):
-    """(preprocess, main, convert) compiled for head dim ``d`` and ``dtype`` on this device."""
+    """(preprocess, main, last) compiled for head dim ``d`` and ``dtype`` on this device; the
+    last kernel converts the atomics' float32 dQ, or is the version's own dQ pass."""
     import cupy as cp
 
     from ._launch import NVRTC_OPTIONS
@@ -110,9 +114,15 @@ def get_functions(ver: BwdVersion, d: int, dtype: str):
     if fns is None:
         opts = (*NVRTC_OPTIONS, *ver.defines(d, dtype))
         pp = cp.RawModule(code=pre_post_source(), options=opts)
-        main = cp.RawModule(code=ver.source(), options=opts).get_function(ver.kernel)
+        module = cp.RawModule(code=ver.source(), options=opts)
+        main = module.get_function(ver.kernel)
         main.max_dynamic_shared_size_bytes = ver.smem_bytes(d)
-        fns = (pp.get_function("bwd_preprocess"), main, pp.get_function("bwd_dq_convert"))
+        if ver.deterministic_dq:
+            last = module.get_function(ver.dq_kernel)
+            last.max_dynamic_shared_size_bytes = ver.dq_smem_bytes(d)
+        else:
+            last = pp.get_function("bwd_dq_convert")
+        fns = (pp.get_function("bwd_preprocess"), main, last)
         _modules[key] = fns
     return fns
 
@@ -137,26 +147,29 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
     k3, v3 = (_as_kernel_input(x, (BH, Nk, d)) for x in (k, v))  # (B*H, Nk, d)
     lse2 = _as_kernel_input(lse, (BH, Nq))  # (B*H, Nq)
     Dvec = cp.empty((BH, Nq), dtype=cp.float32)  # (B*H, Nq)
-    dQacc = cp.zeros((BH, Nq, d), dtype=cp.float32)  # (B*H, Nq, d), atomics add into it
-    dk3, dv3 = dk.reshape(BH, Nk, d), dv.reshape(BH, Nk, d)  # views: contiguous
-    pre, main, convert = get_functions(ver, d, str(q.dtype))
+    dq3, dk3, dv3 = dq.reshape(BH, Nq, d), dk.reshape(BH, Nk, d), dv.reshape(BH, Nk, d)  # views
+    dQacc = None if ver.deterministic_dq else cp.zeros((BH, Nq, d), dtype=cp.float32)  # atomics
+    pre, main, last = get_functions(ver, d, str(q.dtype))
     rows = PRE_THREADS // (d // 8)
-    Tc = (Nk + ver.Bc - 1) // ver.Bc
+    Tr, Tc = (Nq + ver.Br - 1) // ver.Br, (Nk + ver.Bc - 1) // ver.Bc
+    ints = (np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal))
     for b0 in range(0, BH, MAX_GRID_Y):
-        b1 = min(BH, b0 + MAX_GRID_Y)
-        pre(
-            ((Nq + rows - 1) // rows, b1 - b0),
-            (PRE_THREADS,),
-            (o3[b0:b1], do3[b0:b1], Dvec[b0:b1], np.int32(Nq)),
-        )
-        main((Tc, b1 - b0), (ver.threads,),
-             (q3[b0:b1], k3[b0:b1], v3[b0:b1], do3[b0:b1], lse2[b0:b1], Dvec[b0:b1],
-              dQacc[b0:b1], dk3[b0:b1], dv3[b0:b1],
-              np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal)),
-             shared_mem=ver.smem_bytes(d))  # fmt: skip
-    pairs = BH * Nq * d // 2
-    blocks = min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192)
-    convert((blocks,), (CONVERT_THREADS,), (dQacc, dq, np.int64(pairs), np.float32(scale)))
+        b = slice(b0, min(BH, b0 + MAX_GRID_Y))
+        nb = b.stop - b.start
+        pre(((Nq + rows - 1) // rows, nb), (PRE_THREADS,), (o3[b], do3[b], Dvec[b], np.int32(Nq)))
+        common = (q3[b], k3[b], v3[b], do3[b], lse2[b], Dvec[b])
+        if ver.deterministic_dq:  # dK, dV; then dQ per query tile, written once
+            main((Tc, nb), (ver.threads,), (*common, dk3[b], dv3[b], *ints),
+                 shared_mem=ver.smem_bytes(d))  # fmt: skip
+            last((Tr, nb), (ver.threads,), (*common, dq3[b], *ints),
+                 shared_mem=ver.dq_smem_bytes(d))  # fmt: skip
+        else:  # dK, dV, and dQ / scale added into dQacc
+            main((Tc, nb), (ver.threads,), (*common, dQacc[b], dk3[b], dv3[b], *ints),
+                 shared_mem=ver.smem_bytes(d))  # fmt: skip
+    if dQacc is not None:  # dQ = scale * dQacc in q's dtype
+        pairs = BH * Nq * d // 2
+        blocks = min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192)
+        last((blocks,), (CONVERT_THREADS,), (dQacc, dq, np.int64(pairs), np.float32(scale)))
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, version=None):
@@ -171,8 +184,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         version: a key of ``BWD_VERSIONS``, or None for the default.
 
     Returns ``(dq, dk, dv)`` in q's dtype and kind (CuPy in, CuPy out; torch in, torch out).
-    dK and dV are the same bits on every call; dQ, summed with float32 atomics by version 1,
-    can differ by the rounding of that sum's order (see ``BwdVersion.deterministic_dq``).
+    dK and dV are the same bits on every call; dQ too with version 2, while version 1 sums it
+    with float32 atomics, so it can differ by the rounding of that sum's order
+    (``BwdVersion.deterministic_dq``).
     """
     dtype, d, scale, ver = check_backward_inputs(q, k, v, o, lse, do, causal, scale, version)
     causal = bool(causal)

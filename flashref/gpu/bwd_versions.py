@@ -40,7 +40,9 @@ class BwdVersion:
     Bc: int  # keys per thread block (the block owns dK_j, dV_j of these)
     Br: int  # queries per inner tile
     threads: int
-    deterministic_dq: bool  # False: dQ is summed with float32 atomics, in a varying order
+    # False: dQ is summed with float32 atomics, in a varying order, then converted. True: a
+    # second kernel flash_bwdN_dq computes dQ per query tile and writes it once.
+    deterministic_dq: bool
     dtypes: tuple[str, ...] = ("float16", "bfloat16")
     head_dims: tuple[int, ...] = (64, 128)
     min_cc: tuple[int, int] = (8, 0)  # mma.sync m16n8k16 bf16, cp.async, ldmatrix
@@ -53,13 +55,22 @@ class BwdVersion:
     def path(self) -> Path:
         return KERNEL_DIR / self.file
 
+    @property
+    def dq_kernel(self) -> str | None:
+        return f"flash_bwd{self.number}_dq" if self.deterministic_dq else None
+
     def smem_bytes(self, d: int) -> int:
         """Dynamic shared memory of the main kernel, matching the layout in the .cu file:
-        lse and D of two query tiles (fp32), dS^T (Bc, Br + 8), K_j and V_j (Bc, d + 8),
-        two buffers each of Q_i and dO_i (Br, d + 8), 16-bit elements."""
+        lse and D of two query tiles (fp32), dS^T (Bc, Br + 8) where dQ is added by atomics,
+        K_j and V_j (Bc, d + 8), two buffers each of Q_i and dO_i (Br, d + 8), 16-bit."""
         row = d + 8
-        halves = self.Bc * (self.Br + 8) + 2 * self.Bc * row + 4 * self.Br * row
-        return 4 * 4 * self.Br + 2 * halves
+        dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
+        return 4 * 4 * self.Br + 2 * (dS + 2 * self.Bc * row + 4 * self.Br * row)
+
+    def dq_smem_bytes(self, d: int) -> int:
+        """The dQ pass (``dq_kernel``): Q_i and dO_i (Br, d + 8), two buffers each of K_j and
+        V_j (Bc, d + 8), 16-bit."""
+        return 2 * (2 * self.Br + 4 * self.Bc) * (d + 8)
 
     def source(self) -> str:
         return _source(self.path)
@@ -75,6 +86,10 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "FlashAttention-2's backward on mma.sync: K/V tile per block, 4 warps of 16 "
                    "keys, S^T and dP^T recomputed per query tile, dQ by float32 atomics",
                    "bwd1_atomic_dq.cu", Bc=64, Br=64, threads=128, deterministic_dq=False),
+        BwdVersion(2, "dq_pass",
+                   "bwd1 without atomics: dK, dV kernel, then a dQ kernel per query tile that "
+                   "recomputes S and dP (7 products instead of 5, dQ deterministic)",
+                   "bwd2_dq_pass.cu", Bc=64, Br=64, threads=128, deterministic_dq=True),
     )
 }  # fmt: skip
 
