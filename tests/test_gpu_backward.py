@@ -87,10 +87,11 @@ def _naive_same_precision(cp, q, k, v, o, do, causal, scale):
     with CuPy's kernels; for bf16, which CuPy does not cover for every operation, the same steps
     run in fp32 with each stored intermediate rounded to bf16."""
     Nq, Nk = q.shape[-2], k.shape[-2]
-    bf16 = str(q.dtype) == "bfloat16"
+    dtype = q.dtype  # kept: q is replaced by its float32 copy below for bf16
+    bf16 = str(dtype) == "bfloat16"
 
     def rnd(x):
-        return x.astype(q.dtype).astype(cp.float32) if bf16 else x
+        return x.astype(dtype).astype(cp.float32) if bf16 else x
 
     if bf16:
         q, k, v, o, do = (x.astype(cp.float32) for x in (q, k, v, o, do))
@@ -203,9 +204,10 @@ def test_after_flashref_forward(cp, dtype, causal):
     O, lse = flash_attention(gq, gk, gv, causal=causal, return_lse=True)
     got = [cp.asnumpy(x) for x in flash_attention_backward(gq, gk, gv, O, lse, gdo, causal=causal)]
     errs = _rel_errs(got, ref)
+    Tc = -(-257 // min(v.Bc for v in _versions()))  # an upper bound for the default version
     naive = _naive_same_precision(cp, gq, gk, gv, cp.asarray(o64), gdo, causal, 0.125)
     for name, err, n_err in zip(("dq", "dk", "dv"), errs, _rel_errs(naive, ref), strict=True):
-        tol = backward_tolerance(dtype, n_err, 5 if name == "dq" else 0)
+        tol = backward_tolerance(dtype, n_err, Tc if name == "dq" else 0)
         assert err <= tol, f"{dtype} causal={causal} {name}: {err:.3e} > {tol:.3e}"
 
 

@@ -90,6 +90,10 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "bwd1 without atomics: dK, dV kernel, then a dQ kernel per query tile that "
                    "recomputes S and dP (7 products instead of 5, dQ deterministic)",
                    "bwd2_dq_pass.cu", Bc=64, Br=64, threads=128, deterministic_dq=True),
+        BwdVersion(3, "bc128",
+                   "bwd1 with 8 warps and Bc = 128: each query tile copied serves twice the "
+                   "keys, half the dQ atomics",
+                   "bwd3_bc128.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
     )
 }  # fmt: skip
 
