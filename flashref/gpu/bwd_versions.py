@@ -94,6 +94,9 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "bwd1 with 8 warps and Bc = 128: each query tile copied serves twice the "
                    "keys, half the dQ atomics",
                    "bwd3_bc128.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(4, "red_v2",
+                   "bwd3 adding dQ with red.global.add.v2.f32: one atomic per two elements",
+                   "bwd4_red_v2.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
     )
 }  # fmt: skip
 
