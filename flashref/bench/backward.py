@@ -2,6 +2,7 @@
 
     python -m flashref.bench gpu --backward [--out results/gpu_backward.json] [--rounds 5]
                                  [--d 64 128] [--n 1024 4096 16384] [--dtypes float16 bfloat16]
+                                 [--versions 1 2 ...]
 
 Only the backward part: the forward tables of ``python -m flashref.bench gpu`` are not re-run.
 Shapes (B, H, N, d) with H = 16 and B = max(1, 2*16384 // N), as the forward bench. For each
@@ -59,6 +60,8 @@ def _time(run, make_event, repeats: int = REPEATS, warmup: int = 2):
 
 
 def _meta(cp, torch, args) -> dict:
+    from flashref.gpu import BWD_VERSIONS
+
     props = cp.cuda.runtime.getDeviceProperties(0)
     drv, rt = cp.cuda.runtime.driverGetVersion(), cp.cuda.runtime.runtimeGetVersion()
     try:
@@ -86,6 +89,7 @@ def _meta(cp, torch, args) -> dict:
                    f"calls; {args.rounds} interleaved rounds; SDPA backward timed as "
                    "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)"),
         "tflops_rule": "forward 4 B H N^2 d / time (halved for causal); backward 2.5x that",
+        "backward_versions": {n: f"{v.name}: {v.summary}" for n, v in BWD_VERSIONS.items()},
     }  # fmt: skip
 
 
@@ -103,6 +107,8 @@ def _impls(ctx, d, causal, dtype, x):
     out = [("flashref", "forward", fwd.number,
             lambda: flash_attention(q, k, v, causal=causal, out=O), None)]  # fmt: skip
     for ver in BWD_VERSIONS.values():
+        if ctx["versions"] and ver.number not in ctx["versions"]:
+            continue
         get_functions(ver, d, dtype)
         grads = tuple(cp.empty_like(t) for t in (q, k, v))
 
@@ -188,7 +194,7 @@ def run(args) -> dict:
     meta = _meta(cp, torch, args)
     print(f"{meta['gpu']}, driver {meta['driver']}, CuPy {meta['cupy']}, torch {meta['torch']}",
           file=sys.stderr)  # fmt: skip
-    ctx = {"cp": cp, "torch": torch}
+    ctx = {"cp": cp, "torch": torch, "versions": args.versions}
     rows = []
     rng = cp.random.default_rng(0)
     with ClockSampler() as clock:
@@ -202,6 +208,8 @@ def run(args) -> dict:
                         t0 = time.perf_counter()
                         new = bench_config(ctx, d, N, causal, dtype, x, args.rounds)
                         rows += new
+                        if args.out:  # what is measured so far survives an interruption
+                            write_json({"meta": {**meta, "partial": True}, "rows": rows}, args.out)
                         done = ", ".join(
                             f"{r['impl']}/{r['direction'][0]}{r['version'] or ''} {r['tflops']:.0f}"
                             for r in new
@@ -266,15 +274,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--d", type=int, nargs="+", choices=(64, 128), default=[64, 128])
     parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_N))
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"],
                         choices=("float16", "bfloat16"))  # fmt: skip
+    parser.add_argument("--versions", type=int, nargs="+", help="only these backward versions")
     parser.add_argument("--out", type=Path, default=Path("results/gpu_backward.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     if any(n < 1 for n in args.n):
         parser.error("--n values must be >= 1")
+    from flashref.gpu import BWD_VERSIONS
+
+    if args.versions and not set(args.versions) <= set(BWD_VERSIONS):
+        parser.error(f"--versions must be among {sorted(BWD_VERSIONS)}")
     result = run(args)
     print_table(result)
     write_json(result, args.out)
