@@ -176,9 +176,11 @@ def test_version_matches_float64(cp, ver, dtype, lead, Nq, Nk, d, causal):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ver", _versions(), ids=lambda v: f"bwd{v.number}")
 def test_repeatable(cp, ver, dtype, d):
-    """dK and dV: the same bits on every call. dQ with atomics: the same float32 terms added in
-    another order, far below one 16-bit unit of the largest element (2^-11 fp16, 2^-8 bf16,
-    relative), so the results differ by at most one such unit, element by element."""
+    """dK and dV: the same bits on every call, and dQ too where it is written, not added. dQ
+    with atomics: the same float32 terms added in another order differ by far less than a unit
+    in the last place of the 16-bit result, so after rounding an element can move by one such
+    unit; the bound is one unit of the largest element (at most 2^-10 of it in fp16, 2^-7 in
+    bf16: 10 and 7 fraction bits)."""
     inputs, _ = _case(dtype, (2, 3), 1000, 1000, d, True)
     a = _run(cp, ver, inputs, True, 1.0 / math.sqrt(d))
     b = _run(cp, ver, inputs, True, 1.0 / math.sqrt(d))
@@ -187,7 +189,7 @@ def test_repeatable(cp, ver, dtype, d):
     x, y = a[0].astype(np.float64), b[0].astype(np.float64)
     if ver.deterministic_dq:
         assert a[0].tobytes() == b[0].tobytes(), f"bwd{ver.number} {dtype} d={d}: dq not bitwise"
-    unit = (2.0**-11 if dtype == "float16" else 2.0**-8) * np.abs(x).max()
+    unit = (2.0**-10 if dtype == "float16" else 2.0**-7) * np.abs(x).max()
     diff = np.abs(x - y).max()
     assert diff <= unit, f"bwd{ver.number} {dtype} d={d}: dq runs differ by {diff:.3e} > {unit:.3e}"
 
