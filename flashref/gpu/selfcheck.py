@@ -89,7 +89,7 @@ def check_backward(ver, d: int, causal: bool, shape_q, shape_k, dtype: str, seed
 
 
 def main_backward(args, cp) -> int:
-    shapes = [((2, 70), (2, 100)), ((1, 100), (1, 37))] if args.small else [
+    shapes = [((2, 70), (2, 100))] if args.small else [
         ((2, 3, 70), (2, 3, 100)), ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0
     for ver in BWD_VERSIONS.values():
