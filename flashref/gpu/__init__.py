@@ -119,11 +119,12 @@ def _is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
-def _check_inputs(q, k, v, causal, scale, return_lse):
-    """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale).
+def _check_inputs(q, k, v, causal, scale, return_lse, version=None):
+    """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale, G).
 
     ``causal``, ``return_lse`` and ``scale`` follow the NumPy functions' rules
-    (``check_flag``, ``check_scale``); the kernels accumulate in float32.
+    (``check_flag``, ``check_scale``); the kernels accumulate in float32. Grouped K/V heads
+    (``G = Hq // Hkv > 1``) are taken only where the decode kernel computes the same thing.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
@@ -131,13 +132,6 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
                 f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
             )
     G = check_shapes(q, k, v)  # the same shape rules, and messages, as the NumPy functions
-    if G != 1:
-        raise ValueError(
-            f"flashref.gpu does not take grouped K/V heads yet: q has {q.shape[-3]} heads, k "
-            f"and v have {k.shape[-3]}; repeat k and v to q's heads (k.repeat({G}, axis=-3) "
-            f"for CuPy, k.repeat_interleave({G}, dim=-3) for torch), or use flashref's NumPy "
-            "functions"
-        )
     d = q.shape[-1]
     if v.shape[-1] != d:
         raise ValueError(
@@ -153,7 +147,35 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
         raise TypeError(f"q has dtype {dtype}; flashref.gpu supports {', '.join(DTYPES)}")
     check_flag(causal, "causal")
     check_flag(return_lse, "return_lse")
-    return dtype, d, check_scale(scale, d, "float32")
+    if G != 1:
+        _check_grouped(q, k, G, dtype, causal, version)
+    return dtype, d, check_scale(scale, d, "float32"), G
+
+
+def _check_grouped(q, k, G, dtype, causal, version) -> None:
+    """Grouped K/V heads go to the decode kernel (``decode.py``): 4-D inputs of at most 16
+    queries, 16-bit, d 64 or 128, no version asked for, and causal only where top-left and
+    the decode kernel's bottom-right alignment agree (Nq == Nk). Anything else is refused."""
+    from .decode import HEAD_DIMS, MAX_NQ
+
+    Nq, Nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    why = []
+    if q.ndim != 4 or not 1 <= Nq <= MAX_NQ:
+        why.append(f"q of shape (B, Hq, Nq, d) with Nq <= {MAX_NQ} (q has {tuple(q.shape)})")
+    if dtype == "float32" or d not in HEAD_DIMS:
+        why.append(f"float16 or bfloat16 with d in {HEAD_DIMS} (q is {dtype}, d = {d})")
+    if version is not None:
+        why.append(f"version=None (the decode kernel is not a numbered version; got {version})")
+    if causal and Nq != Nk:
+        why.append(f"causal=False, or Nq == Nk (got Nq = {Nq}, Nk = {Nk})")
+    if why:
+        raise ValueError(
+            f"flashref.gpu takes grouped K/V heads (q has {q.shape[-3]} heads, k and v have "
+            f"{k.shape[-3]}) only through the decode kernel, which needs "
+            f"{'; '.join(why)}; otherwise repeat k and v to q's heads (k.repeat({G}, axis=-3) "
+            f"for CuPy, k.repeat_interleave({G}, dim=-3) for torch), or use flashref's NumPy "
+            "functions"
+        )
 
 
 def _to_cupy(cp, x, name: str):
@@ -178,6 +200,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
             (taken through DLPack without a copy), one dtype: float16 or bfloat16 (the
             tensor-core versions) or float32 (versions 1 and 2). CuPy holds bfloat16 as
             ``ml_dtypes.bfloat16``.
+        Grouped K/V heads (``q (B, Hq, Nq, d)``, ``k``, ``v (B, Hkv, Nk, d)``, ``Hq`` a
+            multiple of ``Hkv``) are taken for 16-bit inputs with ``Nq <= 16``, d 64 or 128 and
+            ``version=None`` (causal only with ``Nq == Nk``), computed by the decode kernel
+            (``flashref.gpu.decode_attention``); other grouped inputs are refused, saying why.
         causal: top-left causal mask (query i sees keys j <= i); a bool.
         scale: score scale, default ``1/sqrt(d)``; a real number, finite, nonzero
             and within float32's range (negative allowed), as on the CPU.
@@ -188,7 +214,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 
     Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    dtype, d, scale = _check_inputs(q, k, v, causal, scale, return_lse)
+    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse, version)
     causal = bool(causal)  # a NumPy bool passed check_flag
     ver = _check_version(version, dtype, d, causal)
     cp = _require_gpu()
@@ -211,9 +237,15 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
         O = cp.empty((*lead, Nq, d), dtype=q.dtype)
     lse = cp.empty((*lead, Nq), dtype=cp.float32)
 
-    from ._launch import launch
+    if G != 1:  # grouped heads, Nq <= 16: the decode kernel, split as choose_num_splits says
+        from .decode import decode_attention
 
-    launch(ver, q, k, v, O, lse, causal=causal, scale=scale)
+        causal_br = "bottom_right" if causal else False  # the same mask here (Nq == Nk)
+        O[...], lse[...] = decode_attention(q, k, v, causal=causal_br, scale=scale, return_lse=True)
+    else:
+        from ._launch import launch
+
+        launch(ver, q, k, v, O, lse, causal=causal, scale=scale)
     if torch_in:
         import torch
 
@@ -226,6 +258,13 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 
 from .backward import flash_attention_backward  # noqa: E402  (uses the helpers above)
 from .bwd_versions import BWD_VERSIONS, BwdVersion  # noqa: E402
+from .decode import (  # noqa: E402 (it uses _require_gpu and _to_cupy, defined above)
+    cache_decode_attention,
+    choose_num_splits,
+    decode_attention,
+    decode_plan,
+    paged_decode_attention,
+)
 
 __all__ = [
     "BWD_VERSIONS",
@@ -237,7 +276,12 @@ __all__ = [
     "VERSIONS",
     "Version",
     "available",
+    "cache_decode_attention",
+    "choose_num_splits",
+    "decode_attention",
+    "decode_plan",
     "flash_attention",
     "flash_attention_backward",
     "gpu_unavailable_reason",
+    "paged_decode_attention",
 ]

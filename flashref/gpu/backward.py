@@ -23,6 +23,7 @@ import numbers
 
 import numpy as np
 
+from .._checks import check_shapes
 from . import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
 from .bwd_versions import (
     BWD_DEFAULT,
@@ -48,9 +49,17 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
 
     Returns ``(dtype, d, scale, BwdVersion)``.
     """
-    dtype, d, scale = _check_inputs(q, k, v, causal, scale, False)
-    for name, x in (("o", o), ("lse", lse), ("do", do)):
+    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
         _check_array(x, name)
+    G = check_shapes(q, k, v)  # the NumPy functions' shape rules and messages
+    if G != 1:
+        raise ValueError(
+            f"flash_attention_backward does not take grouped K/V heads yet: q has "
+            f"{q.shape[-3]} heads, k and v have {k.shape[-3]}; repeat k and v to q's heads "
+            f"(k.repeat({G}, axis=-3) for CuPy, k.repeat_interleave({G}, dim=-3) for torch) "
+            "and sum dk, dv over each group, or use flashref's NumPy functions"
+        )
+    dtype, d, scale, _ = _check_inputs(q, k, v, causal, scale, False)
     o_shape = tuple(q.shape[:-1]) + tuple(v.shape[-1:])
     for name, arr in (("o", o), ("do", do)):
         if tuple(arr.shape) != o_shape:

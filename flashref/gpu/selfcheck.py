@@ -3,6 +3,8 @@
     python -m flashref.gpu.selfcheck            # a few shapes, d = 64 and 128
     python -m flashref.gpu.selfcheck --small    # one small ragged shape per case (for
                                                 # compute-sanitizer memcheck / racecheck)
+    python -m flashref.gpu.selfcheck --decode   # only the split-KV decode kernels, small
+                                                # ragged and paged cases (for the sanitizers)
     python -m flashref.gpu.selfcheck --backward [--small]   # the backward versions instead
 
 Prints one line per (version, d, causal) with the relative error
@@ -61,6 +63,54 @@ def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0, dtype: str
     return rel, lse_err
 
 
+def check_decode() -> int:
+    """The decode kernels on small cases (ragged lengths with 0 and 1, splits past the tiles,
+    a shuffled block table with partly filled pages, causal and not); returns failures."""
+    cp = _require_gpu()
+    from .decode import decode_attention, paged_decode_attention
+
+    failed = 0
+    for dtype, d, S, causal in [
+        ("float16", 64, 1, False),
+        ("float16", 128, 3, "bottom_right"),
+        ("bfloat16", 128, 7, False),
+        ("bfloat16", 64, 2, "bottom_right"),
+    ]:
+        dt, rng = host_dtype(dtype), np.random.default_rng(d + S)
+        B, Hq, Hkv, Nq, Nk = 3, 8, 2, 3 if causal else 16, 200
+        q = rng.standard_normal((B, Hq, Nq, d)).astype(np.float32).astype(dt)
+        k = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
+        v = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
+        L = np.array([0, 1, 199], dtype=np.int32)
+        j, i = np.arange(Nk), np.arange(Nq)[:, None]
+        mask = j < L[:, None, None, None]  # (B, 1, 1, Nk) -> with causal (B, 1, Nq, Nk)
+        if causal:
+            mask = mask & (j <= i + L[:, None, None, None] - Nq)
+        ref = naive_attention(*(x.astype(np.float64) for x in (q, k, v)), mask=mask)
+        ps = 48  # the paged pool: the same keys, pages in reverse order
+        n = -(-Nk // ps)
+        pad = np.zeros((B, Hkv, n * ps - Nk, d), dt)
+        kp, vp = (np.concatenate([x, pad], axis=2).reshape(B, Hkv, n, ps, d) for x in (k, v))
+        kp, vp = (x.transpose(0, 2, 1, 3, 4).reshape(B * n, Hkv, ps, d)[::-1] for x in (kp, vp))
+        table = (B * n - 1 - np.arange(B * n)).reshape(B, n).astype(np.int32)
+        outs = {
+            "contiguous": decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v),
+                                           lengths=L, causal=causal, num_splits=S),
+            "paged": paged_decode_attention(cp.asarray(q), cp.asarray(np.ascontiguousarray(kp)),
+                                            cp.asarray(np.ascontiguousarray(vp)), table, L,
+                                            causal=causal, num_splits=S),
+        }  # fmt: skip
+        for what, O in outs.items():
+            out = cp.asnumpy(O).astype(np.float64)
+            rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+            ok = not np.isnan(out).any() and rel <= LIMIT[dtype]
+            failed += not ok
+            flag = "" if ok else "  FAIL"
+            print(f"decode {what:10s} {dtype:8s} d={d:3d} splits={S} causal={causal!s:12s} "
+                  f"Nq={Nq} lengths {L.tolist()}: rel err {rel:.2e}{flag}")  # fmt: skip
+    return failed
+
+
 def check_backward(ver, d: int, causal: bool, shape_q, shape_k, dtype: str, seed: int = 0):
     """Relative errors of (dq, dk, dv) of one backward version against float64 (NaN if any
     element holds NaN), with O and lse from the float64 forward rounded as a kernel's are."""
@@ -112,12 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashref.gpu.selfcheck")
     parser.add_argument("--small", action="store_true", help="one small ragged shape per case")
     parser.add_argument("--versions", type=int, nargs="+", help="only these versions")
+    parser.add_argument("--decode", action="store_true", help="only the decode kernels")
     parser.add_argument("--backward", action="store_true", help="the backward versions")
     args = parser.parse_args(argv)
     cp = _require_gpu()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     if args.backward:
         return main_backward(args, cp)
+    if args.decode:
+        failed = check_decode()
+        cp.cuda.runtime.deviceSynchronize()
+        print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
+        return 1 if failed else 0
     shapes = [((2, 70), (2, 100))] if args.small else [((2, 3, 70), (2, 3, 100)),
                                                        ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0

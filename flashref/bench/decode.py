@@ -1,0 +1,328 @@
+"""Decode benchmark: flashref's split-KV kernel (contiguous and paged) beside torch SDPA.
+
+    python -m flashref.bench decode [--rounds 5] [--dtypes float16 bfloat16] [--out PATH]
+
+One new token per sequence (Nq = 1), d = 128, Hq = 32 query heads with Hkv = 32 (multi-head)
+or 8 (grouped-query) K/V heads, batches B in 1, 8, 32 and caches of Nk = 4096, 32768, 131072
+keys, every sequence full. Implementations: ``flashref`` (``decode_attention``'s kernels on a
+contiguous cache), ``flashref_paged`` (the same kernels through a block table over pages of
+``PAGE_SIZE`` tokens, in order), SDPA FLASH, cuDNN and MATH (torch, same process, on the same
+memory through DLPack; grouped heads through ``enable_gqa=True``, and where a backend refuses
+that, K/V repeated to Hq heads, which the row's note says). A backend that refuses a shape, or a
+shape that does not fit in memory, is recorded with the reason.
+
+GB/s = bytes of K and V the problem needs (B * Hkv * Nk * d * 2 tensors * itemsize, every key
+valid here) / time: the same bytes for every implementation, so an implementation that
+reads K/V more than once (or repeated) shows it as a lower rate. The same run measures the
+ceilings: HBM read bandwidth (``roofs/roof_hbm_read.cu``, a 4 GiB buffer, far beyond L2) and
+the device-to-device copy bandwidth (``flashref.bench.roofs``, bytes read + written).
+
+Timing as ``python -m flashref.bench gpu``: CUDA events around single calls, each round the
+median of 10 calls after warm-up, the fast implementations over interleaved rounds (SDPA
+MATH in one round, fp16 only); a row holds the median over rounds, the fastest and slowest
+round. flashref rows time the kernel launches alone (the argument checks of
+``decode_attention``, which copy ``lengths`` to the host, are left out, as SDPA's Python is
+not). Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .gpu import ClockSampler, _import_torch, _median_ms
+from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
+
+HQ, NQ, D = 32, 1, 128
+BATCHES, KV_HEADS, CONTEXTS = (1, 8, 32), (32, 8), (4096, 32768, 131072)
+PAGE_SIZE = 64
+REPEATS = 10
+READ_BYTES = 4 * 2**30
+BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
+
+
+def hbm_read_roof(cp, sm_count: int) -> float:
+    """GB/s of a read-only kernel over a 4 GiB buffer (16-byte loads, nothing written)."""
+    module = cp.RawModule(
+        code=(ROOF_DIR / "roof_hbm_read.cu").read_text(), options=("--std=c++17",)
+    )
+    fn = module.get_function("roof_hbm_read")
+    buf = cp.empty(READ_BYTES // 4, dtype=cp.uint32)
+    buf[:] = cp.arange(buf.size, dtype=cp.uint32)  # touched: every page of it is real memory
+    out = cp.empty(4, dtype=cp.uint32)
+    args = (buf, np.int64(READ_BYTES // 16), out)
+    ms = _time_ms(cp, lambda: fn((sm_count * 8,), (256,), args))
+    del buf
+    return READ_BYTES / (ms * 1e-3) / 1e9
+
+
+def _meta(cp, torch, facts, read_gbps, copy_gbps) -> dict:
+    rt, drv = cp.cuda.runtime.runtimeGetVersion(), cp.cuda.runtime.driverGetVersion()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception:
+        driver = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
+    return {
+        "gpu": facts["gpu"],
+        "driver": driver,
+        "cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}",
+        "cupy": cp.__version__,
+        "torch": torch.__version__ if torch is not None else None,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "hbm_read_gbps": read_gbps,
+        "hbm_copy_gbps": copy_gbps,
+        "sm_count": facts["sm_count"],
+        "page_size": PAGE_SIZE,
+        "gbps_rule": "bytes of K and V (every key valid) / time",
+        "timing": (
+            f"CUDA events; each round the median of {REPEATS} calls after warm-up; "
+            "fast implementations over interleaved rounds, SDPA MATH one round"
+        ),
+    }
+
+
+def _inputs(cp, B, Hkv, Nk, dtype, seed):
+    """q (B, HQ, 1, D), k, v (B, Hkv, Nk, D) of normals, filled a sequence at a time."""
+    rng = cp.random.default_rng(seed)
+    q = rng.standard_normal((B, HQ, NQ, D), dtype=cp.float32).astype(dtype)
+    k, v = (cp.empty((B, Hkv, Nk, D), dtype=dtype) for _ in range(2))
+    for x in (k, v):
+        for b in range(B):  # no float32 copy of the whole cache at once
+            x[b] = rng.standard_normal((Hkv, Nk, D), dtype=cp.float32).astype(dtype)
+    return q, k, v
+
+
+def _impls(ctx, q, k, v, dtype, paged_ok: bool):
+    """[(impl, run_or_None, num_splits, note)] for one shape."""
+    from flashref.gpu.decode import decode_plan, launch
+
+    cp, torch = ctx["cp"], ctx["torch"]
+    B, Hkv, Nk, _ = k.shape
+    plan = decode_plan(B, HQ, Hkv, NQ, Nk, D, ctx["sm_count"])
+    common = {"causal": False, "scale": 1 / math.sqrt(D), "plan": plan}
+
+    def contiguous():  # the cache (B, Hkv, Nk, D) read as B pages of Nk slots
+        return launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1, **common)[0]
+
+    out = [("flashref", contiguous, plan.num_splits, None)]
+    if paged_ok:
+        n = Nk // PAGE_SIZE  # pages per sequence, laid out in order: page b * n + p
+        kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, D).transpose(0, 2, 1, 3, 4))
+                  .reshape(B * n, Hkv, PAGE_SIZE, D) for x in (k, v))  # fmt: skip
+        bt = cp.arange(B * n, dtype=cp.int32).reshape(B, n)
+        lens = cp.full(B, Nk, dtype=cp.int32)
+        note = f"page_size {PAGE_SIZE}, block table in order"
+
+        def paged():
+            return launch(cp, q, kp, vp, bt, lens, Hkv=Hkv, page_size=PAGE_SIZE, max_pages=n,
+                          **common)[0]  # fmt: skip
+
+        out.append(("flashref_paged", paged, plan.num_splits, note))
+    else:
+        out.append(("flashref_paged", None, None, "not run: a second copy of K/V (the pages) "
+                    "would not fit in memory beside the contiguous one"))  # fmt: skip
+    if torch is None:
+        return out + [(impl, None, None, "torch not importable") for impl in BACKENDS]
+    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+    for impl, backend in BACKENDS.items():
+        if impl == "sdpa_math" and dtype != "float16":
+            continue
+        be = getattr(ctx["SDPBackend"], backend)
+        run, note = None, None
+        for how in ("enable_gqa", "repeated") if Hkv != HQ else ("plain",):
+            try:
+                kk, vv = tk, tv
+                if how == "repeated":  # repeated once, outside the timed call
+                    kk, vv = (x.repeat_interleave(HQ // Hkv, dim=1) for x in (tk, tv))
+
+                def sdpa(be=be, kk=kk, vv=vv, gqa=how == "enable_gqa"):
+                    with ctx["sdpa_kernel"](be):
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            tq, kk, vv, enable_gqa=gqa
+                        )
+
+                sdpa()
+                torch.cuda.synchronize()
+                run = sdpa
+                done = {
+                    "enable_gqa": "enable_gqa=True",
+                    "plain": None,
+                    "repeated": f"K/V repeated to {HQ} heads (the repeat is not timed)",
+                }
+                note = done[how] if note is None else f"{note}; {done[how]}"
+                break
+            except Exception as exc:  # a backend may refuse a shape, or run out of memory
+                msg = f"{how}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                note = msg if note is None else f"{note}; {msg}"
+                kk = vv = None
+                torch.cuda.empty_cache()
+        out.append((impl, run, None, note if run is not None else f"refused: {note}"))
+    return out
+
+
+def bench_shape(ctx, dtype, B, Hkv, Nk, rounds) -> list[dict]:
+    cp, torch = ctx["cp"], ctx["torch"]
+    item = np.dtype(dtype).itemsize
+    kv_bytes = 2 * B * Hkv * Nk * D * item
+    free = cp.cuda.runtime.memGetInfo()[0]
+    base = {"dtype": dtype, "d": D, "B": B, "Hq": HQ, "Hkv": Hkv, "Nq": NQ, "Nk": Nk}
+    if kv_bytes > 0.8 * free:
+        note = f"not run: K and V take {kv_bytes / 1e9:.0f} GB, {free / 1e9:.0f} GB free"
+        return [
+            {
+                **base,
+                "impl": i,
+                "ms": None,
+                "ms_min": None,
+                "ms_max": None,
+                "gbps": None,
+                "num_splits": None,
+                "note": note,
+            }
+            for i in ("flashref", "flashref_paged", *BACKENDS)
+        ]
+    q, k, v = _inputs(cp, B, Hkv, Nk, dtype, seed=B * 1000 + Hkv + Nk)
+    impls = _impls(ctx, q, k, v, dtype, paged_ok=2 * kv_bytes < 0.8 * free)
+    times = {impl: [] for impl, *_ in impls}
+    events = {"cp": cp.cuda.Event}
+    if torch is not None:
+        events["torch"] = lambda: torch.cuda.Event(enable_timing=True)
+    for rnd in range(rounds):
+        for impl, run, _, _ in impls:
+            if run is None or (impl == "sdpa_math" and rnd > 0):
+                continue
+            make = events["torch" if impl.startswith("sdpa") else "cp"]
+            times[impl].append(_median_ms(run, make, REPEATS, 2))
+    ref = impls[0][1]()  # flashref's output: a sanity check of the others (tests/ hold the real)
+    rows = []
+    for impl, run, splits, note in impls:
+        ts = times[impl]
+        ms = statistics.median(ts) if ts else None
+        row = {**base, "impl": impl, "ms": ms, "ms_min": min(ts) if ts else None,
+               "ms_max": max(ts) if ts else None, "round_ms": ts,
+               "gbps": kv_bytes / (ms * 1e-3) / 1e9 if ms else None, "bytes": kv_bytes,
+               "num_splits": splits, "note": note}  # fmt: skip
+        if run is not None and impl != "flashref":
+            other = run()
+            other = cp.from_dlpack(other) if not isinstance(other, cp.ndarray) else other
+            a, b = other.astype(cp.float32), ref.astype(cp.float32)
+            row["rel_diff_to_flashref"] = float(cp.linalg.norm(a - b) / cp.linalg.norm(b))
+        rows.append(row)
+    del q, k, v, impls
+    cp.get_default_memory_pool().free_all_blocks()
+    if torch is not None:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run(args) -> dict:
+    from flashref.gpu import _require_gpu
+
+    cp = _require_gpu()
+    if "bfloat16" in args.dtypes:
+        import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
+    torch, SDPBackend, sdpa_kernel = _import_torch()
+    facts = device_facts(cp)
+    read = hbm_read_roof(cp, facts["sm_count"])
+    copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
+    cp.get_default_memory_pool().free_all_blocks()
+    meta = _meta(cp, torch, facts, read, copy)
+    print(f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
+          f"copy {copy:.0f} GB/s", file=sys.stderr)  # fmt: skip
+    ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
+           "sm_count": facts["sm_count"]}  # fmt: skip
+    rows = []
+    with ClockSampler() as clock:
+        for dtype in args.dtypes:
+            for Nk in CONTEXTS:
+                for Hkv in KV_HEADS:
+                    for B in BATCHES:
+                        new = bench_shape(ctx, dtype, B, Hkv, Nk, args.rounds)
+                        rows += new
+                        done = ", ".join(f"{r['impl']} {r['gbps']:.0f}" for r in new if r["gbps"])
+                        print(f"[{dtype} B={B} Hkv={Hkv} Nk={Nk}] GB/s: {done}", file=sys.stderr)
+                        if args.out:  # what is measured so far survives an interruption
+                            write_json({"meta": {**meta, "partial": True}, "rows": rows}, args.out)
+    meta["clocks"] = clock.summary()
+    for r in rows:
+        cudnn = next((x for x in rows if x["impl"] == "sdpa_cudnn" and all(
+            x[key] == r[key] for key in ("dtype", "B", "Hkv", "Nk"))), None)  # fmt: skip
+        ok = r["gbps"] and cudnn and cudnn["gbps"]
+        r["ratio_to_cudnn"] = r["gbps"] / cudnn["gbps"] if ok else None
+        r["fraction_of_read"] = r["gbps"] / read if r["gbps"] else None
+        r["fraction_of_copy"] = r["gbps"] / copy if r["gbps"] else None
+    return {"meta": meta, "rows": rows}
+
+
+def print_table(result: dict) -> None:
+    m = result["meta"]
+    print(f"# {m['gpu']}: HBM read {m['hbm_read_gbps']:.0f} GB/s, copy {m['hbm_copy_gbps']:.0f} "
+          f"GB/s; d = {D}, Nq = {NQ}, Hq = {HQ}")  # fmt: skip
+    print("# GB/s of K and V (ratio to SDPA cuDNN, fraction of the HBM read ceiling)")
+    impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
+    print(f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'splits':>7s}" +
+          "".join(f"{i:>22s}" for i in impls))  # fmt: skip
+    keys = dict.fromkeys((r["dtype"], r["B"], r["Hkv"], r["Nk"]) for r in result["rows"])
+    for dtype, B, Hkv, Nk in keys:
+        sel = {r["impl"]: r for r in result["rows"] if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) ==
+               (dtype, B, Hkv, Nk)}  # fmt: skip
+        cells = []
+        for i in impls:
+            r = sel.get(i)
+            if r is None or r["gbps"] is None:
+                cells.append("-" if r is None else "skipped")
+                continue
+            ratio = f"{r['ratio_to_cudnn']:.2f}" if r["ratio_to_cudnn"] else "-"
+            cells.append(f"{r['gbps']:.0f} ({ratio}, {r['fraction_of_read']:.2f})")
+        splits = sel.get("flashref", {}).get("num_splits")
+        print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{splits if splits else '-':>7}" +
+              "".join(f"{c:>22s}" for c in cells))  # fmt: skip
+    for r in result["rows"]:
+        if r["note"] and r["gbps"] is None:
+            print(f"  {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: {r['note']}")
+
+
+def write_json(result: dict, path: Path) -> None:
+    """{"meta": {gpu, driver, cuda_runtime, cupy, torch, python, date, hbm_read_gbps,
+    hbm_copy_gbps, sm_count, page_size, gbps_rule, timing, clocks}, "rows": [{impl, dtype, d,
+    B, Hq, Hkv, Nq, Nk, ms, ms_min, ms_max, round_ms, gbps, bytes, num_splits, note,
+    rel_diff_to_flashref?, ratio_to_cudnn, fraction_of_read, fraction_of_copy}]}"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flashref.bench decode",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"],
+                        choices=("float16", "bfloat16"), help="16-bit dtypes to run")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("results/gpu_decode.json"))
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    result = run(args)
+    print_table(result)
+    write_json(result, args.out)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

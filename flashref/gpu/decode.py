@@ -1,0 +1,270 @@
+"""Split-KV decoding on the GPU: a few queries per sequence against a long (paged) K/V cache.
+
+``flashref.split_kv_attention`` and ``flashref.paged_attention`` as one CUDA kernel
+(``flashref/kernels/decode_split_kv.cu``) and a small combine kernel:
+
+    O = decode_attention(q, k, v, lengths=lengths)          # k, v (B, Hkv, Nk, d)
+    O = paged_decode_attention(q, k_pages, v_pages, block_table, lengths)
+
+``q (B, Hq, Nq, d)`` with ``1 <= Nq <= 16`` and ``Hq`` a multiple of ``Hkv`` (grouped-query
+attention: query head ``h`` uses K/V head ``h // (Hq // Hkv)``); float16 or bfloat16 CuPy
+arrays or torch CUDA tensors; ``d`` 64 or 128. ``causal`` is spelled as in
+``flashref.paged_attention``: ``"bottom_right"`` (query ``i`` of a sequence of length ``L``
+sees keys ``j <= i + L - Nq``) or ``False``; ``True`` (top-left) is refused with the same
+message. ``lengths (B,)`` integers give each sequence's number of valid keys (0 allowed: zeros
+and ``lse = -inf``). Arguments are checked before any GPU work, with the messages of the CPU
+functions; ``lengths`` and ``block_table`` are read on the host for that (they are small).
+
+The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key tiles, one
+thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
+shape and the number of SMs, ``decode_plan`` shows the whole launch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._checks import check_block, check_shapes, group_size
+from .decode_checks import (
+    HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
+    MAX_NQ,  # noqa: F401
+    check_arrays,
+    check_block_table,
+    check_common,
+    check_kind,
+    check_lengths,
+)
+from .versions import DTYPE_DEFINES, KERNEL_DIR
+
+FILE = "decode_split_kv.cu"
+BC = 64  # keys per tile (16 per warp, 4 warps)
+STAGES = 3  # K/V tiles in shared memory per block
+THREADS = 128
+BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
+MAX_SPLITS = 128
+MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurement
+MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
+
+
+def source() -> str:
+    """The kernel's text with ``mma_common.cuh`` pasted in (as ``Version.source`` does)."""
+    text = (KERNEL_DIR / FILE).read_text()
+    return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), text)
+
+
+def defines(d: int, row_tiles: int, dtype: str) -> tuple[str, ...]:
+    return (f"-DHEAD_DIM={d}", f"-DROW_TILES={row_tiles}", *DTYPE_DEFINES[dtype])
+
+
+def smem_bytes(d: int, row_tiles: int) -> int:
+    """Dynamic shared memory of one block: the Q rows and STAGES (K, V) tiles, rows of d + 8."""
+    return 2 * (16 * row_tiles + STAGES * 2 * BC) * (d + 8)
+
+
+def row_tiles(G: int, Nq: int) -> tuple[int, int]:
+    """``(row_tiles, row_blocks)``: the ``G * Nq`` packed rows of a K/V head, 16 per tile.
+
+    One block holds 16 or 32 rows (1 or 2 tiles of mma.sync's M = 16); more rows than that
+    take several row blocks, each of which reads the K/V head again (from L2, mostly).
+    """
+    M = G * Nq
+    tiles = 1 if M <= 16 else 2
+    return tiles, -(-M // (16 * tiles))
+
+
+def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: int = 1) -> int:
+    """How many chunks to cut the keys into, from the shape and the GPU's SM count.
+
+    ``B * Hkv * row_blocks`` blocks exist without splitting; ``sm_count * BLOCKS_PER_SM`` run
+    at once. Each split count ``S`` from 1 to ``min(MAX_SPLITS, tiles / MIN_TILES_PER_SPLIT)``
+    gives ``waves = blocks * S / slots``; its efficiency is ``waves / ceil(waves)`` (the last
+    wave's idle slots are waste). The smallest ``S`` within 5% of the best efficiency wins:
+    fewer splits, less combine work, for the same occupancy. A batch that fills the GPU gets 1.
+    """
+    B, Hkv = check_block(B, "B"), check_block(Hkv, "Hkv")
+    Nk, sm_count = check_block(Nk, "Nk", minimum=0), check_block(sm_count, "sm_count")
+    row_blocks = check_block(row_blocks, "row_blocks")
+    blocks, slots = B * Hkv * row_blocks, sm_count * BLOCKS_PER_SM
+    tiles = -(-Nk // BC)
+    top = max(1, min(MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
+    eff = [(w := blocks * S / slots) / math.ceil(w) for S in range(1, top + 1)]
+    best = max(eff)
+    return next(S for S, e in enumerate(eff, start=1) if e >= 0.95 * best)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a decode call is launched: shown by ``decode_plan``, used by the launch."""
+
+    num_splits: int
+    row_tiles: int  # 16-row tiles per block (1 or 2)
+    row_blocks: int  # blocks per K/V head along the packed rows
+    grid: tuple[int, int, int]  # (num_splits, Hkv * row_blocks, B)
+    threads: int
+    smem_bytes: int
+
+
+def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None) -> DecodePlan:
+    """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs."""
+    G = group_size(Hq, Hkv, kv="k")
+    tiles, blocks = row_tiles(G, Nq)
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks)
+    grid = (num_splits, Hkv * blocks, B)
+    return DecodePlan(num_splits, tiles, blocks, grid, THREADS, smem_bytes(d, tiles))
+
+
+def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan):
+    """Run the kernels on checked CuPy inputs; returns ``O (B, Hq, Nq, d)``, ``lse (B, Hq, Nq)``.
+
+    ``K``, ``V``: the pool ``(num_pages, Hkv, page_size, d)`` (a contiguous cache is B pages
+    of ``Nk`` slots); ``bt`` int32 ``(B, max_pages)`` or None; ``lengths`` int32 ``(B,)`` or
+    None (every sequence has ``page_size`` keys). Every output element is written.
+    """
+    from ._launch import _as_kernel_input
+
+    B, Hq, Nq, d = q.shape
+    dtype = str(q.dtype)
+    q = _as_kernel_input(q, q.shape)
+    K, V = _as_kernel_input(K, K.shape), _as_kernel_input(V, V.shape)
+    if scale < 0:  # the kernel takes the row max of raw scores: flip q's sign instead
+        q = (q.view(cp.uint16) ^ np.uint16(0x8000)).view(q.dtype)
+        scale = -scale
+    O = cp.empty((B, Hq, Nq, d), dtype=q.dtype)
+    lse = cp.empty((B, Hq, Nq), dtype=cp.float32)
+    if B == 0:
+        return O, lse
+    S = plan.num_splits
+    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, dtype, plan.smem_bytes)
+    part = S > 1
+    O_part = cp.empty((B * Hq * Nq, S, d), dtype=cp.float32) if part else O
+    lse_part = cp.empty((B * Hq * Nq, S), dtype=cp.float32) if part else lse
+    null = np.uintp(0)
+    split_fn(
+        plan.grid, (THREADS,),
+        (q, K, V, null if bt is None else bt, null if lengths is None else lengths, O, lse,
+         O_part, lse_part, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size),
+         np.int32(max_pages), np.float32(scale), np.int32(causal)),
+        shared_mem=plan.smem_bytes,
+    )  # fmt: skip
+    if part:
+        rows = B * Hq * Nq
+        combine_fn(
+            ((rows + 3) // 4,), (128,), (O_part, lse_part, O, lse, np.int32(rows), np.int32(S))
+        )
+    return O, lse
+
+
+_cache: dict = {}
+
+
+def _functions(cp, d: int, tiles: int, dtype: str, smem: int):
+    key = (d, tiles, dtype, cp.cuda.Device().id)
+    if key not in _cache:
+        from ._launch import NVRTC_OPTIONS
+
+        module = cp.RawModule(code=source(), options=(*NVRTC_OPTIONS, *defines(d, tiles, dtype)))
+        split_fn = module.get_function("decode_split_kv")
+        split_fn.max_dynamic_shared_size_bytes = smem
+        _cache[key] = (split_fn, module.get_function("decode_combine"))
+    return _cache[key]
+
+
+def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, **kw):
+    from . import _require_gpu, _to_cupy
+
+    cp = _require_gpu()
+    torch_in = type(q).__module__.split(".")[0] == "torch"
+    q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
+    B, Hq, Nq, d = q.shape
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits)  # B = 0: nothing to run
+    if plan.grid[1] > MAX_GRID or B > MAX_GRID:
+        raise ValueError(f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z")
+    bt = None if bt is None else cp.asarray(bt)
+    lengths = None if lengths is None else cp.asarray(lengths)
+    O, L = launch(cp, q, k, v, bt, lengths, Hkv=Hkv, page_size=page_size, max_pages=max_pages,
+                  plan=plan, **kw)  # fmt: skip
+    if torch_in:
+        import torch
+
+        O, L = torch.from_dlpack(O), torch.from_dlpack(L)
+    return (O, L) if lse else O
+
+
+def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_splits=None,
+                     return_lse=False):  # fmt: skip
+    """Attention of ``Nq <= 16`` queries per sequence to a contiguous K/V cache, split-KV.
+
+    Args:
+        q: ``(B, Hq, Nq, d)``; k, v: ``(B, Hkv, Nk, d)``, ``Hq`` a multiple of ``Hkv``.
+        lengths: optional integers ``(B,)``, ``0 <= lengths[b] <= Nk``: sequence ``b`` uses
+            keys ``0 .. lengths[b] - 1`` (default: all ``Nk``).
+        causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
+        scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
+        return_lse: also return ``lse (B, Hq, Nq)`` in float32.
+
+    Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
+    """
+    check_arrays(q, k, v, "k", "v")
+    check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
+    _, d = check_kind(q, k, v, "k", "v")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    B, Nk = q.shape[0], k.shape[2]
+    L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
+    return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
+                causal=causal, scale=scale, num_splits=num_splits, lse=return_lse)  # fmt: skip
+
+
+def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
+                           scale=None, num_splits=None, return_lse=False):  # fmt: skip
+    """``decode_attention`` reading K/V pages through a block table (``PagedKVCache``'s layout).
+
+    Args:
+        q: ``(B, Hq, Nq, d)``; k_pages, v_pages: ``(num_pages, Hkv, page_size, d)``.
+        block_table: integers ``(B, max_pages)``; sequence ``b``'s key ``t`` is in page
+            ``block_table[b, t // page_size]``, slot ``t % page_size``; entries past the pages
+            in use are not read (``PagedKVCache.block_table`` fills them with -1).
+        lengths: integers ``(B,)``, ``0 <= lengths[b] <= max_pages * page_size``.
+        causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
+        scale, num_splits, return_lse: as ``decode_attention``.
+    """
+    check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise ValueError(
+            f"v_pages has shape {tuple(v_pages.shape)} but k_pages {tuple(k_pages.shape)}"
+        )
+    P, Hkv, ps, _ = k_pages.shape
+    group_size(q.shape[1], Hkv, f" (q {tuple(q.shape)}, k_pages {tuple(k_pages.shape)})", "k_pages")
+    if k_pages.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"k_pages has shape {tuple(k_pages.shape)} but q has head dim {q.shape[3]}"
+        )
+    _, d = check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    B = q.shape[0]
+    bt, L = check_block_table(block_table, lengths, B, P, ps)
+    Nk_max = int(L.max()) if B else 0
+    return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,
+                page_size=ps, max_pages=bt.shape[1], Nk=Nk_max, causal=causal, scale=scale,
+                num_splits=num_splits, lse=return_lse)  # fmt: skip
+
+
+def cache_decode_attention(q, cache, seqs, **kwargs):
+    """``paged_decode_attention`` on a ``flashref.PagedKVCache`` whose pools are on the GPU.
+
+    Move the pools once (``cache.k_pages = cupy.asarray(cache.k_pages)``, the same for
+    ``v_pages``); ``cache.block_table(seqs)`` gives the table and lengths, as on the CPU.
+    Keyword arguments are those of ``paged_decode_attention``.
+    """
+    from ..kvcache import PagedKVCache
+
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    table, lengths = cache.block_table(seqs)  # (B, max_pages), (B,): checks every id
+    return paged_decode_attention(q, cache.k_pages, cache.v_pages, table, lengths, **kwargs)

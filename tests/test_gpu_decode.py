@@ -1,0 +1,330 @@
+"""The split-KV decode kernels of flashref.gpu.decode against float64 references (needs a GPU).
+
+References are computed on the host in float64 from the very same (fp16- or bf16-rounded)
+inputs: ``flashref.naive_attention`` with the lengths and the bottom-right causal mask,
+``flashref.split_kv_attention`` for the split counts, ``flashref.paged_attention`` for the
+paged cache. The tolerance is ``flashref.gpu.tolerances``' rule (at most about twice the
+error of matmul, softmax, matmul in the kernel's own precision on the same inputs). The
+kernels write into memory CuPy hands out uninitialised, and ``lse`` and ``O`` are checked for
+NaN; a failure names the case, the worst element and its error against the tolerance.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+
+import numpy as np
+import pytest
+
+from flashref import PagedKVCache, naive_attention, paged_attention, split_kv_attention
+from flashref.gpu.tolerances import LSE_TOL, tolerance
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    from flashref.gpu import _require_gpu
+
+    return _require_gpu()
+
+
+def _host(dtype: str):
+    from flashref.gpu.selfcheck import host_dtype
+
+    return host_dtype(dtype)
+
+
+def _rng(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))  # stable across runs
+
+
+def _inputs(dtype, B, Hq, Hkv, Nq, Nk, d, key):
+    """q, k, v rounded to dtype (NumPy), seeded by the case."""
+    rng, dt = _rng(dtype, B, Hq, Hkv, Nq, Nk, d, key), _host(dtype)
+    q = rng.standard_normal((B, Hq, Nq, d)).astype(np.float32).astype(dt)
+    k = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
+    v = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
+    return q, k, v
+
+
+def _allowed(lengths, Nq, Nk, causal):
+    """(B, 1, Nq, Nk) bool: key j < L_b, and j <= i + L_b - Nq when causal (bottom-right)."""
+    L = np.asarray(lengths)[:, None, None, None]
+    i, j = np.arange(Nq)[None, None, :, None], np.arange(Nk)[None, None, None, :]
+    ok = j < L
+    return ok & (j <= i + L - Nq) if causal else ok
+
+
+def _reference(q, k, v, allowed, scale=None):
+    f64 = (x.astype(np.float64) for x in (q, k, v))
+    return naive_attention(*f64, mask=allowed, scale=scale, return_lse=True)
+
+
+def _naive_same_precision(cp, q, k, v, allowed, scale):
+    """matmul, softmax, matmul in q's precision on the GPU, K/V heads repeated (the 2x baseline).
+
+    As in tests/test_gpu.py: bf16 runs in fp32 with every stored intermediate rounded to bf16.
+    A row that sees no key gives zeros.
+    """
+    q, k, v = (cp.asarray(x) for x in (q, k, v))
+    G = q.shape[1] // k.shape[1]
+    k, v = cp.repeat(k, G, axis=1), cp.repeat(v, G, axis=1)  # (B, Hq, Nk, d)
+    if str(q.dtype) == "bfloat16":
+        dt = q.dtype
+
+        def rnd(x):
+            return x.astype(dt).astype(cp.float32)
+
+        q, k, v = (x.astype(cp.float32) for x in (q, k, v))
+    else:
+
+        def rnd(x):
+            return x
+
+    S = rnd((q @ cp.swapaxes(k, -1, -2)) * q.dtype.type(scale))  # (B, Hq, Nq, Nk)
+    S = cp.where(cp.asarray(allowed), S, -cp.inf)
+    mx = S.max(axis=-1, keepdims=True)
+    S = rnd(S - cp.where(cp.isfinite(mx), mx, 0))
+    P = rnd(cp.exp(S))
+    den = P.sum(axis=-1, keepdims=True)
+    P = rnd(P / cp.where(den > 0, den, 1))
+    return cp.asnumpy(rnd(P.astype(q.dtype) @ v)).astype(np.float64)
+
+
+def _rel(out, ref) -> float:
+    n = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / n) if n > 0 else float(np.abs(out - ref).max())
+
+
+def _check(label, dtype, out, lse, ref, ref_lse, naive):
+    """O within the 2x-naive tolerance, lse within LSE_TOL, -inf exactly where no key is seen."""
+    out = np.asarray(out).astype(np.float64)
+    lse = np.asarray(lse).astype(np.float64)
+    assert not np.isnan(out).any(), f"{label}: O has NaN at {np.argwhere(np.isnan(out))[:3]}"
+    assert not np.isnan(lse).any(), f"{label}: lse has NaN at {np.argwhere(np.isnan(lse))[:3]}"
+    err, tol = _rel(out, ref), tolerance(dtype, _rel(naive, ref))
+    if not err <= tol:
+        worst = np.unravel_index(np.argmax(np.abs(out - ref)), out.shape)
+        raise AssertionError(
+            f"{label}: rel err {err:.3e} > tol {tol:.3e} (naive {dtype}: {_rel(naive, ref):.3e}); "
+            f"worst element (b, h, i, c) = {tuple(int(x) for x in worst)}: got "
+            f"{out[worst]:.6g}, reference {ref[worst]:.6g}"
+        )
+    empty = np.isneginf(ref_lse)
+    wrong = np.argwhere(np.isneginf(lse) != empty)
+    assert not wrong.size, f"{label}: lse -inf mismatch at (b, h, i) = {wrong[:3].tolist()}"
+    assert (out[empty] == 0).all(), f"{label}: a row that sees no key is not zeros"
+    if (~empty).any():
+        e = np.abs(lse[~empty] - ref_lse[~empty]) / (1 + np.abs(ref_lse[~empty]))
+        assert e.max() <= LSE_TOL, f"{label}: lse rel err {e.max():.3e} > {LSE_TOL:.1e}"
+
+
+# (B, Hq, Hkv, Nq, lengths): G = 1, 4, 8 and MQA; Nq 1, 3, 16; lengths 0, 1, ragged, odd
+SHAPES = [
+    (1, 1, 1, 1, [193]),
+    (2, 4, 1, 3, [1, 257]),  # MQA
+    (3, 8, 2, 1, [0, 300, 65]),  # G = 4
+    (3, 8, 8, 3, [300, 0, 1]),  # G = 1
+    (2, 8, 1, 16, [300, 17]),  # MQA, G * Nq = 128 rows: 2 row tiles, 4 row blocks
+    (2, 16, 2, 16, [129, 300]),  # G = 8, Nq = 16
+    (1, 8, 2, 3, [300]),  # G * Nq = 12 rows
+]
+NK = 300  # keys in the cache; not a multiple of any tile
+
+
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,lengths", SHAPES)
+def test_decode_matches_float64(cp, B, Hq, Hkv, Nq, lengths, dtype, d, causal):
+    from flashref.gpu import decode_attention
+
+    q, k, v = _inputs(dtype, B, Hq, Hkv, Nq, NK, d, "decode")
+    allowed = _allowed(lengths, Nq, NK, bool(causal))
+    ref, ref_lse = _reference(q, k, v, allowed)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(d))
+    L = cp.asarray(np.array(lengths, dtype=np.int32))
+    for S in (None, 1, 3):
+        O, lse = decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), lengths=L,
+                                  causal=causal, num_splits=S, return_lse=True)  # fmt: skip
+        label = f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} {dtype} d={d} {causal=} splits={S}"
+        _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_split_count_matches_split_kv_attention(cp, dtype):
+    """num_splits from 1 to past the 7 tiles of Nk = 389 (empty splits included), all keys."""
+    from flashref.gpu import decode_attention
+
+    B, Hq, Hkv, Nq, Nk, d = 2, 8, 2, 3, 389, 128
+    q, k, v = _inputs(dtype, B, Hq, Hkv, Nq, Nk, d, "splits")
+    allowed = _allowed([Nk] * B, Nq, Nk, False)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(d))
+    qc, kc, vc = (cp.asarray(x) for x in (q, k, v))
+    for S in range(1, 11):
+        f64 = (x.astype(np.float64) for x in (q, k, v))
+        ref, ref_lse = split_kv_attention(*f64, num_splits=S, return_lse=True)
+        O, lse = decode_attention(qc, kc, vc, num_splits=S, return_lse=True)
+        _check(
+            f"{dtype} num_splits={S}", dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive
+        )
+
+
+def _paged_case(dtype, page_size, Hkv, d, lengths, seed):
+    """A float64 PagedKVCache of dtype-rounded values, filled in ragged round-robin chunks
+    (so sequences' pages interleave), one sequence freed and its pages reused; then the pool
+    permuted, so block tables are shuffled. Returns (cache, seqs, k_pages, v_pages, table)."""
+    rng, dt = _rng("paged", dtype, page_size, Hkv, d, tuple(lengths), seed), _host(dtype)
+    pages = sum(-(-L // page_size) for L in lengths) + 4
+    cache = PagedKVCache(pages, page_size, Hkv, d, dtype=np.float64)
+
+    def kv(n):
+        return rng.standard_normal((Hkv, n, d)).astype(np.float32).astype(dt).astype(np.float64)
+
+    victim = cache.new_sequence()
+    cache.append(victim, kv(2 * page_size), kv(2 * page_size))
+    seqs, left = [cache.new_sequence() for _ in lengths], list(lengths)
+    cache.free(victim)  # its pages go to the back of the free list, handed out later
+    while any(left):
+        for i, s in enumerate(seqs):
+            n = min(left[i], int(rng.integers(1, 2 * page_size)))
+            if n:
+                cache.append(s, kv(n), kv(n))
+                left[i] -= n
+    perm = rng.permutation(cache.num_pages)  # page p of the cache is page perm[p] on the GPU
+    k_pages, v_pages = np.empty_like(cache.k_pages), np.empty_like(cache.v_pages)
+    k_pages[perm], v_pages[perm] = cache.k_pages, cache.v_pages
+    table, L = cache.block_table(seqs)
+    table = np.where(table >= 0, perm[np.maximum(table, 0)], -1)
+    return cache, seqs, k_pages.astype(dt), v_pages.astype(dt), table, L
+
+
+def _naive_paged(cp, cache, seqs, q, dtype, causal):
+    """The same-precision baseline on the cache's sequences gathered into one padded array."""
+    L = [cache.lengths[s] for s in seqs]
+    Kc = np.zeros((len(seqs), cache.num_kv_heads, max(L), cache.head_dim))  # (B, Hkv, Nk, d)
+    Vc = np.zeros_like(Kc)
+    for b, s in enumerate(seqs):
+        Kc[b, :, : L[b]], Vc[b, :, : L[b]] = cache.gather(s)
+    dt, allowed = _host(dtype), _allowed(L, q.shape[2], max(L), causal)
+    return _naive_same_precision(
+        cp, q, Kc.astype(dt), Vc.astype(dt), allowed, 1 / np.sqrt(q.shape[3])
+    )
+
+
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+@pytest.mark.parametrize("page_size", [16, 64, 100])
+@pytest.mark.parametrize("dtype,d", [("float16", 128), ("bfloat16", 64)])
+@pytest.mark.parametrize("Hq,Hkv,Nq", [(8, 2, 1), (4, 4, 3), (8, 1, 16)])
+def test_paged_matches_paged_attention(cp, Hq, Hkv, Nq, dtype, d, page_size, causal):
+    from flashref.gpu import paged_decode_attention
+
+    lengths = [0, 1, 250, 65]  # last pages partly filled; an empty sequence; one key
+    cache, seqs, kp, vp, table, L = _paged_case(dtype, page_size, Hkv, d, lengths, Hq)
+    B = len(lengths)
+    rng = _rng("paged-q", Hq, Nq, d)
+    q = rng.standard_normal((B, Hq, Nq, d)).astype(np.float32).astype(_host(dtype))
+    ref, ref_lse = paged_attention(q.astype(np.float64), cache, seqs, causal=causal,
+                                   return_lse=True)  # fmt: skip
+    naive = _naive_paged(cp, cache, seqs, q, dtype, bool(causal))
+    args = (cp.asarray(q), cp.asarray(kp), cp.asarray(vp), cp.asarray(table.astype(np.int32)))
+    for S in (None, 1, 2, 5):
+        O, lse = paged_decode_attention(*args, cp.asarray(L.astype(np.int32)), causal=causal,
+                                        num_splits=S, return_lse=True)  # fmt: skip
+        label = f"paged ps={page_size} Hq={Hq} Hkv={Hkv} Nq={Nq} {dtype} d={d} {causal=} S={S}"
+        _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+
+
+def test_cache_convenience_and_host_tables(cp):
+    """A PagedKVCache with its pools on the GPU; the block table straight from block_table()."""
+    from flashref.gpu import cache_decode_attention
+
+    cache, seqs, _, _, _, _ = _paged_case("float16", 32, 2, 64, [70, 5, 0], 0)
+    q = _rng("conv").standard_normal((3, 4, 2, 64)).astype(np.float16)
+    ref, ref_lse = paged_attention(q.astype(np.float64), cache, seqs, return_lse=True)
+    gpu = copy.copy(cache)  # the same tables, the pools on the GPU
+    gpu.k_pages, gpu.v_pages = (
+        cp.asarray(x.astype(np.float16)) for x in (cache.k_pages, cache.v_pages)
+    )
+    O, lse = cache_decode_attention(cp.asarray(q), gpu, seqs, return_lse=True)
+    naive = _naive_paged(cp, cache, seqs, q, "float16", True)
+    _check("cache_decode_attention", "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_same_inputs_same_bits(cp, dtype):
+    from flashref.gpu import decode_attention
+
+    q, k, v = (cp.asarray(x) for x in _inputs(dtype, 2, 8, 2, 3, 1000, 128, "bits"))
+    L = cp.asarray(np.array([1000, 333], dtype=np.int32))
+    for S in (1, 6):
+        O1, lse1 = decode_attention(q, k, v, lengths=L, num_splits=S, return_lse=True)
+        O2, lse2 = decode_attention(q, k, v, lengths=L, num_splits=S, return_lse=True)
+        assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O2).tobytes(), f"O differs, splits={S}"
+        assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"lse differs, {S=}"
+
+
+def test_scale_all_empty_and_noncontiguous(cp):
+    from flashref.gpu import decode_attention
+
+    q, k, v = _inputs("float16", 2, 4, 2, 1, 130, 64, "scale")
+    allowed = _allowed([130, 130], 1, 130, False)
+    for scale in (-0.3, 0.05):  # a negative scale is folded into q
+        ref, ref_lse = _reference(q, k, v, allowed, scale)
+        naive = _naive_same_precision(cp, q, k, v, allowed, scale)
+        kt = cp.asarray(np.ascontiguousarray(k.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
+        O, lse = decode_attention(cp.asarray(q), kt, cp.asarray(v), scale=scale, return_lse=True)
+        _check(f"scale={scale}", "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+    L = cp.zeros(2, dtype=cp.int32)  # no sequence has a key
+    O, lse = decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), lengths=L,
+                              num_splits=3, return_lse=True)  # fmt: skip
+    assert (cp.asnumpy(O) == 0).all() and np.isneginf(cp.asnumpy(lse)).all()
+
+
+def test_torch_tensors_in_and_out(cp):
+    torch = pytest.importorskip("torch")
+    from flashref.gpu import decode_attention
+
+    q, k, v = _inputs("bfloat16", 2, 8, 2, 1, 500, 128, "torch")
+    allowed = _allowed([500, 200], 1, 500, False)
+    ref, ref_lse = _reference(q, k, v, allowed)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(128))
+    tq, tk, tv = (torch.from_dlpack(cp.asarray(x)) for x in (q, k, v))
+    L = torch.tensor([500, 200], dtype=torch.int32, device="cuda")
+    O, lse = decode_attention(tq, tk, tv, lengths=L, return_lse=True)
+    assert isinstance(O, torch.Tensor) and O.dtype == torch.bfloat16 and O.is_cuda
+    out = cp.asnumpy(cp.from_dlpack(O))
+    _check("torch", "bfloat16", out, cp.asnumpy(cp.from_dlpack(lse)), ref, ref_lse, naive)
+    with pytest.raises(TypeError, match="q is a torch tensor on cpu"):
+        decode_attention(tq.cpu(), tk, tv)
+
+
+def test_errors_before_any_work(cp):
+    from flashref.gpu import decode_attention, paged_decode_attention
+
+    q, k, v = (cp.asarray(x) for x in _inputs("float16", 2, 4, 2, 1, 64, 64, "err"))
+    with pytest.raises(ValueError, match=r"lengths\[1\] is 65; expected 0 <= length <= 64"):
+        decode_attention(q, k, v, lengths=cp.asarray(np.array([3, 65], dtype=np.int32)))
+    kp = cp.zeros((3, 2, 16, 64), dtype=cp.float16)
+    table = cp.asarray(np.array([[0, 1], [2, 7]], dtype=np.int32))
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] is 7"):
+        paged_decode_attention(q, kp, kp, table, np.array([5, 20]))
+
+
+@pytest.mark.parametrize("Nq,Nk,causal", [(3, 300, False), (16, 16, True), (1, 1, True)])
+def test_flash_attention_routes_grouped_heads_to_decode(cp, Nq, Nk, causal):
+    from flashref.gpu import flash_attention
+
+    q, k, v = _inputs("float16", 2, 8, 2, Nq, Nk, 128, "route")
+    f64 = [x.astype(np.float64) for x in (q, k, v)]
+    ref, ref_lse = naive_attention(*f64, causal=causal, return_lse=True)  # top-left
+    allowed = np.tril(np.ones((Nq, Nk), bool)) if causal else np.ones((Nq, Nk), bool)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(128))
+    out = cp.full(q.shape, np.nan, dtype=cp.float16)
+    O, lse = flash_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                             return_lse=True, out=out)  # fmt: skip
+    assert O is out
+    label = f"flash_attention grouped Nq={Nq} Nk={Nk} {causal=}"
+    _check(label, "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)

@@ -1,0 +1,168 @@
+"""flashref.gpu.decode without a GPU: argument checks, the split-count rule, the launch plan.
+
+Every refusal happens before CuPy is needed, so NumPy arrays stand in for GPU arrays here
+(the checks read only ``shape``, ``dtype`` and ``ndim``); valid arguments on a machine
+without CuPy end in ``GPUUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import flashref.gpu as fg
+from flashref.gpu import decode as dec
+
+
+def _qkv(Hq=8, Hkv=2, Nq=1, Nk=100, d=64, dtype=np.float16, B=2):
+    q = np.zeros((B, Hq, Nq, d), dtype=dtype)
+    k = np.zeros((B, Hkv, Nk, d), dtype=dtype)
+    return q, k, k.copy()
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "cupy" or name.startswith("cupy."):
+            raise ImportError("No module named 'cupy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+@pytest.mark.parametrize(
+    "kwargs,args,error,match",
+    [
+        ({}, _qkv(Nq=17), ValueError, r"1 <= Nq <= 16: .* use flashref.gpu.flash_attention"),
+        ({}, _qkv(Nq=0), ValueError, r"q has 0 queries per sequence"),
+        ({}, _qkv(Hq=6, Hkv=4), ValueError, r"q has 6 heads but k has 4"),
+        ({}, _qkv(d=96), ValueError, r"head dim d=96; the decode kernel supports d in \(64, 128\)"),
+        ({}, _qkv(dtype=np.float32), TypeError, r"q has dtype float32; the decode kernel"),
+        ({}, (np.zeros((8, 1, 64), np.float16),) + _qkv()[1:], ValueError, r"expected \(B, Hq"),
+        ({}, ([1.0],) + _qkv()[1:], TypeError, r"q must be a cupy.ndarray or a torch"),
+        ({"causal": True}, _qkv(), ValueError, r"causal=True aligns the mask top-left"),
+        ({"causal": "top_left"}, _qkv(), ValueError, r"causal must be 'bottom_right' or False"),
+        ({"causal": 1}, _qkv(), TypeError, r"causal must be 'bottom_right' or False, got int"),
+        ({"return_lse": "yes"}, _qkv(), TypeError, r"return_lse must be a bool"),
+        ({"scale": 0.0}, _qkv(), ValueError, r"scale must be finite and nonzero"),
+        ({"num_splits": 0}, _qkv(), ValueError, r"num_splits must be >= 1, got 0"),
+        ({"num_splits": 2.0}, _qkv(), TypeError, r"num_splits must be an int"),
+        ({"lengths": [1, 101]}, _qkv(), ValueError, r"lengths\[1\] is 101; expected 0 <= length"),
+        ({"lengths": [-1, 3]}, _qkv(), ValueError, r"lengths\[0\] is -1"),
+        ({"lengths": [1, 2, 3]}, _qkv(), ValueError, r"lengths has shape \(3,\); expected \(2,\)"),
+        ({"lengths": [1.0, 2.0]}, _qkv(), TypeError, r"lengths has dtype float64; expected int"),
+    ],
+)
+def test_decode_attention_refuses(kwargs, args, error, match):
+    with pytest.raises(error, match=match):
+        fg.decode_attention(*args, **kwargs)
+
+
+def test_decode_attention_shape_messages_are_the_cpu_ones():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"v has shape .* but k has 100 keys"):
+        fg.decode_attention(q, k, v[:, :, :50])
+    with pytest.raises(ValueError, match=r"k has shape .* but q has head dim 64"):
+        fg.decode_attention(q, np.zeros((2, 2, 100, 128), np.float16), v)
+    with pytest.raises(TypeError, match=r"must share one dtype"):
+        fg.decode_attention(q, k, v.astype(np.float32))
+
+
+def _paged(P=6, Hkv=2, ps=16, d=64):
+    q = np.zeros((2, 4, 1, d), np.float16)
+    kp = np.zeros((P, Hkv, ps, d), np.float16)
+    return q, kp, kp.copy()
+
+
+@pytest.mark.parametrize(
+    "table,lengths,match",
+    [
+        (np.array([[0, 1], [2, 6]]), [5, 20], r"block_table\[1, 1\] is 6, a page sequence 1 uses"),
+        (np.array([[0, -1], [2, 3]]), [17, 20], r"block_table\[0, 1\] is -1"),
+        (np.array([[0, 1], [2, 3]]), [5, 33], r"lengths\[1\] is 33; expected 0 <= length <= 32"),
+        (np.array([0, 1]), [5, 3], r"block_table has shape \(2,\); expected 2 dimension"),
+        (np.array([[0, 1]]), [5, 3], r"block_table has shape \(1, 2\); expected \(2, max_pages\)"),
+        (np.array([[0.0, 1]] * 2), [5, 3], r"block_table has dtype float64; expected integers"),
+    ],
+)
+def test_paged_decode_attention_refuses(table, lengths, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        fg.paged_decode_attention(*_paged(), table, np.array(lengths))
+
+
+def test_paged_shapes_and_unused_table_entries(no_cupy):
+    q, kp, vp = _paged()
+    with pytest.raises(ValueError, match=r"v_pages has shape .* but k_pages"):
+        fg.paged_decode_attention(q, kp, vp[:, :, :8], np.zeros((2, 1), int), [1, 1])
+    with pytest.raises(ValueError, match=r"q has 4 heads but k_pages has 3"):
+        fg.paged_decode_attention(q, *_paged(Hkv=3)[1:], np.zeros((2, 1), int), [1, 1])
+    # -1 past the pages in use is what PagedKVCache.block_table writes: accepted
+    with pytest.raises(fg.GPUUnavailableError):
+        fg.paged_decode_attention(q, kp, vp, np.array([[0, -1], [1, 2]]), [16, 17])
+    with pytest.raises(TypeError, match="cache must be a PagedKVCache"):
+        fg.cache_decode_attention(q, object(), [0])
+
+
+def test_valid_arguments_reach_the_gpu_check(no_cupy):
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        fg.decode_attention(*_qkv(Nq=16), lengths=[0, 100], causal="bottom_right")
+
+
+def test_choose_num_splits_fills_the_gpu_and_not_more():
+    slots = 132 * dec.BLOCKS_PER_SM
+    # a batch that fills the GPU already: no split
+    assert fg.choose_num_splits(32, 8, 131072, 132) == 1
+    # one sequence, 32 K/V heads: split until the blocks fill (almost) every slot once
+    S = fg.choose_num_splits(1, 32, 4096, 132)
+    assert 32 * S <= slots and 32 * S / slots >= 0.9, S
+    # short caches: never more than tiles / MIN_TILES_PER_SPLIT splits
+    assert fg.choose_num_splits(1, 1, 64 * 6, 132) == 6 // dec.MIN_TILES_PER_SPLIT
+    assert fg.choose_num_splits(1, 1, 0, 132) == 1
+    S = fg.choose_num_splits(1, 1, 10**7, 132)  # one head, a huge cache: as many as allowed
+    assert 0.95 * dec.MAX_SPLITS <= S <= dec.MAX_SPLITS, S
+    with pytest.raises(ValueError, match="sm_count must be >= 1"):
+        fg.choose_num_splits(1, 1, 100, 0)
+
+
+def test_decode_plan_packs_query_heads_into_rows():
+    p = fg.decode_plan(8, 32, 8, 1, 4096, 128, 132)  # G * Nq = 4 rows: one 16-row tile
+    assert (p.row_tiles, p.row_blocks, p.grid[1:]) == (1, 1, (8, 8))
+    p = fg.decode_plan(1, 8, 1, 16, 4096, 64, 132)  # 128 rows: 2 tiles per block, 4 blocks
+    assert (p.row_tiles, p.row_blocks, p.grid[1]) == (2, 4, 4)
+    assert p.smem_bytes == dec.smem_bytes(64, 2) == 2 * (32 + 6 * 64) * 72
+    assert fg.decode_plan(2, 4, 4, 1, 1000, 64, 132, num_splits=7).grid == (7, 4, 2)
+
+
+def test_bench_decode_table_and_json_keys(tmp_path, capsys):
+    """The benchmark's printing and JSON on a made-up result (the chapter reads these keys)."""
+    from flashref.bench import decode as bench
+
+    meta = {"gpu": "G", "hbm_read_gbps": 4000.0, "hbm_copy_gbps": 3000.0, "sm_count": 132}
+    base = {"dtype": "float16", "d": 128, "B": 1, "Hq": 32, "Hkv": 8, "Nq": 1, "Nk": 4096}
+    rows = [
+        {**base, "impl": "flashref", "gbps": 3000.0, "num_splits": 8, "note": None,
+         "ratio_to_cudnn": 1.5, "fraction_of_read": 0.75},
+        {**base, "impl": "sdpa_cudnn", "gbps": 2000.0, "num_splits": None, "note": None,
+         "ratio_to_cudnn": 1.0, "fraction_of_read": 0.5},
+        {**base, "impl": "sdpa_math", "gbps": None, "num_splits": None, "note": "refused: X",
+         "ratio_to_cudnn": None, "fraction_of_read": None},
+    ]  # fmt: skip
+    bench.print_table({"meta": meta, "rows": rows})
+    out = capsys.readouterr().out
+    assert "3000 (1.50, 0.75)" in out and "2000 (1.00, 0.50)" in out
+    assert "skipped" in out and "sdpa_math float16 B=1 Hkv=8 Nk=4096: refused: X" in out
+    bench.write_json({"meta": meta, "rows": rows}, tmp_path / "d.json")
+    assert json.loads((tmp_path / "d.json").read_text())["rows"][0]["num_splits"] == 8
+
+
+def test_bench_decode_is_a_target():
+    from flashref.bench.__main__ import TARGETS
+
+    assert "decode" in TARGETS
