@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from flashref.gpu import KERNEL_DIR, VERSIONS
+from flashref.gpu import BWD_VERSIONS, KERNEL_DIR, VERSIONS
+from flashref.gpu.bwd_versions import PRE_POST_FILE, pre_post_source
 
 pytestmark = pytest.mark.nvcc
 
@@ -141,3 +142,45 @@ def test_hopper_header_refuses_plain_sm90(tmp_path):
     assert "not supported on .target 'sm_90'" in proc.stderr, proc.stderr
     _, proc = _nvcc(KERNEL_DIR / "probe_wgmma.cu", ["-arch=sm_80"], (), tmp_path)
     assert proc.returncode != 0 and "need a Hopper target" in proc.stderr, proc.stderr
+
+
+# The backward versions and their shared preprocess/convert kernels: every (version, d, dtype)
+# compiles without spills; the report is printed as for the forward.
+BWD_CASES = [(ver, d, dt) for ver in BWD_VERSIONS.values() for dt in ver.dtypes for d in (64, 128)]
+
+
+def _compile_source(name: str, source: str, defines, tmp_path) -> str:
+    src = tmp_path / name
+    src.write_text(source)
+    cmd = ["nvcc", "-arch=sm_90", "-cubin", "--resource-usage", *defines]
+    cmd += ["-o", str(tmp_path / "bwd.cubin")]
+    proc = subprocess.run([*cmd, str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} {name} failed:\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def _no_spills(report: str, label: str) -> None:
+    kernels = re.findall(r"Compiling entry function '(\w+)'", report)
+    regs = re.findall(r"Used (\d+) registers", report)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    stack = re.findall(r"(\d+) bytes stack frame", report)
+    assert kernels and len(kernels) == len(regs) == len(spills) == len(stack), report
+    for name, r, (st, ld), fr in zip(kernels, regs, spills, stack, strict=True):
+        print(f"\n{label} {name}: {r} registers, stack {fr} B, spill stores {st} B, loads {ld} B")
+        assert st == ld == fr == "0", f"{label} {name} spills:\n{report}"
+
+
+@pytest.mark.parametrize(
+    "ver,d,dtype", BWD_CASES, ids=[f"bwd{v.number}-d{d}-{dt}" for v, d, dt in BWD_CASES]
+)
+def test_backward_kernel_compiles_without_spills(ver, d, dtype, tmp_path):
+    report = _compile_source(ver.file, ver.source(), ver.defines(d, dtype), tmp_path)
+    _no_spills(report, f"bwd{ver.number} {ver.file} d={d} {dtype} ({ver.smem_bytes(d)} B smem)")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_backward_pre_post_compiles(d, dtype, tmp_path):
+    ver = next(iter(BWD_VERSIONS.values()))
+    report = _compile_source(PRE_POST_FILE, pre_post_source(), ver.defines(d, dtype), tmp_path)
+    _no_spills(report, f"{PRE_POST_FILE} d={d} {dtype}")

@@ -23,6 +23,7 @@ kernels run. The cold first call is measured in fresh subprocesses whose ``CUPY_
 names an empty folder before CuPy is imported (compile + load + run), and again in a second
 process that finds the compiled modules in that folder (load + run).
 Writes JSON (schema in ``write_json``) to ``results/gpu_bench.json`` or ``--out``.
+``--backward`` runs only the backward benchmark instead (``flashref.bench.backward``).
 """
 
 from __future__ import annotations
@@ -424,6 +425,11 @@ def write_json(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--backward" in argv:
+        from .backward import main as backward_main  # the backward tables alone
+
+        return backward_main([a for a in argv if a != "--backward"])
     parser = argparse.ArgumentParser(
         prog="python -m flashref.bench gpu",
         description=__doc__,
@@ -438,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=("float16", "bfloat16"), help="16-bit input dtypes to run",
     )  # fmt: skip
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-call subprocesses")
+    parser.add_argument("--backward", action="store_true",
+                        help="run only the backward benchmark (flashref.bench.backward; "
+                             "--backward --help for its options)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/gpu_bench.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1:

@@ -256,6 +256,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     return (O, lse) if return_lse else O
 
 
+from .backward import flash_attention_backward  # noqa: E402  (uses the helpers above)
+from .bwd_versions import BWD_VERSIONS, BwdVersion  # noqa: E402
 from .decode import (  # noqa: E402 (it uses _require_gpu and _to_cupy, defined above)
     cache_decode_attention,
     choose_num_splits,
@@ -265,6 +267,8 @@ from .decode import (  # noqa: E402 (it uses _require_gpu and _to_cupy, defined 
 )
 
 __all__ = [
+    "BWD_VERSIONS",
+    "BwdVersion",
     "DTYPES",
     "GPUUnavailableError",
     "KERNEL_DIR",
@@ -277,6 +281,7 @@ __all__ = [
     "decode_attention",
     "decode_plan",
     "flash_attention",
+    "flash_attention_backward",
     "gpu_unavailable_reason",
     "paged_decode_attention",
 ]

@@ -5,10 +5,12 @@
                                                 # compute-sanitizer memcheck / racecheck)
     python -m flashref.gpu.selfcheck --decode   # only the split-KV decode kernels, small
                                                 # ragged and paged cases (for the sanitizers)
+    python -m flashref.gpu.selfcheck --backward [--small]   # the backward versions instead
 
 Prints one line per (version, d, causal) with the relative error
 ||O - O_ref|| / ||O_ref|| and the largest |lse - lse_ref|, and exits with 1 if
-any output holds a NaN or an error is above 1e-2 (fp16) / 1e-4 (fp32).
+any output holds a NaN or an error is above 1e-2 (fp16) / 1e-4 (fp32). With ``--backward``,
+one line per (backward version, dtype, d, causal) with the relative errors of dq, dk, dv.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import sys
 
 import numpy as np
 
-from flashref import naive_attention
+from flashref import naive_attention, naive_attention_backward
 
-from . import VERSIONS, _require_gpu
+from . import BWD_VERSIONS, VERSIONS, _require_gpu
 
 LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
 
@@ -109,14 +111,64 @@ def check_decode() -> int:
     return failed
 
 
+def check_backward(ver, d: int, causal: bool, shape_q, shape_k, dtype: str, seed: int = 0):
+    """Relative errors of (dq, dk, dv) of one backward version against float64 (NaN if any
+    element holds NaN), with O and lse from the float64 forward rounded as a kernel's are."""
+    cp = _require_gpu()
+    from .backward import launch_backward  # imports CuPy
+
+    dt = host_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((*s, d)).astype(np.float32).astype(dt)
+               for s in (shape_q, shape_k, shape_k))  # fmt: skip
+    do = rng.standard_normal((*shape_q, d)).astype(np.float32).astype(dt)
+    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
+    o, lse = naive_attention(*f64[:3], causal=causal, return_lse=True)
+    o, lse = o.astype(dt), lse.astype(np.float32)
+    ref = naive_attention_backward(*f64[:3], o.astype(np.float64), lse.astype(np.float64), f64[3],
+                                   causal=causal)  # fmt: skip
+    args = [cp.asarray(x) for x in (q, k, v, o, lse, do)]
+    outs = [cp.full(x.shape, np.nan, dtype=np.float32).astype(dt) for x in (q, k, v)]  # poisoned
+    launch_backward(ver, *args, *outs, causal=causal, scale=1.0 / np.sqrt(d))
+    errs = []
+    for x, r in zip(outs, ref, strict=True):
+        x = cp.asnumpy(x).astype(np.float64)
+        errs.append(float("nan") if np.isnan(x).any() else
+                    float(np.linalg.norm(x - r) / np.linalg.norm(r)))  # fmt: skip
+    return errs
+
+
+def main_backward(args, cp) -> int:
+    shapes = [((2, 70), (2, 100))] if args.small else [
+        ((2, 3, 70), (2, 3, 100)), ((1, 2, 257), (1, 2, 257))]  # fmt: skip
+    failed = 0
+    for ver in BWD_VERSIONS.values():
+        if args.versions and ver.number not in args.versions:
+            continue
+        for dtype, d, causal in ((t, d, c) for t in ver.dtypes for d in (64, 128) for c in (0, 1)):
+            for shape_q, shape_k in shapes:
+                errs = check_backward(ver, d, bool(causal), shape_q, shape_k, dtype)
+                ok = all(e <= LIMIT[dtype] for e in errs)  # NaN fails
+                failed += not ok
+                print(f"bwd{ver.number} {dtype:8s} d={d:3d} causal={bool(causal)!s:5s} "
+                      f"q{shape_q} k{shape_k}: rel err dq {errs[0]:.2e} dk {errs[1]:.2e} "
+                      f"dv {errs[2]:.2e}{'' if ok else '  FAIL'}")  # fmt: skip
+    cp.cuda.runtime.deviceSynchronize()
+    print("selfcheck --backward:", "all passed" if not failed else f"{failed} case(s) FAILED")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashref.gpu.selfcheck")
     parser.add_argument("--small", action="store_true", help="one small ragged shape per case")
     parser.add_argument("--versions", type=int, nargs="+", help="only these versions")
     parser.add_argument("--decode", action="store_true", help="only the decode kernels")
+    parser.add_argument("--backward", action="store_true", help="the backward versions")
     args = parser.parse_args(argv)
     cp = _require_gpu()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+    if args.backward:
+        return main_backward(args, cp)
     if args.decode:
         failed = check_decode()
         cp.cuda.runtime.deviceSynchronize()

@@ -4,7 +4,7 @@ A kernel's relative error against float64 may be at most about twice the error o
 algorithm (matmul, softmax, matmul) run in the kernel's own precision on the same inputs, plus
 a small floor for inputs where that naive error happens to be exactly zero, and never above an
 absolute ceiling per dtype. ``tests/test_gpu.py`` applies it to every version; chapter 7 prints
-it for bf16.
+it for bf16. The backward kernels have the same rule with their own ceilings (below).
 """
 
 from __future__ import annotations
@@ -29,3 +29,31 @@ LSE_TOL = 2e-5
 def tolerance(dtype: str, naive_err: float) -> float:
     """The largest relative error a kernel of ``dtype`` may have, given the naive error."""
     return min(2 * naive_err + FLOOR[dtype], CEILING[dtype])
+
+
+# ---- the backward pass (dQ, dK, dV): the same 2x-naive rule, its own ceilings ------------------
+# The naive baseline is autograd's algorithm run in the kernel's precision (softmax, then
+# dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D), dQ = dS K, dK = dS^T Q, each
+# stored intermediate rounded to the dtype). Floors are those of the forward (each gradient is
+# rounded once to the output dtype). Ceilings: a backward kernel rounds P and dS to the 16-bit
+# dtype before three products, and dS = P * (dP - D) is a difference of close numbers, so its
+# error is a few times the forward's: 1e-2 (fp16) and 8e-2 (bf16), 20 and 2.5 times each
+# dtype's rounding unit (2^-11, 2^-8), leave room for long rows without letting a wrong
+# kernel through.
+BWD_CEILING = {"float16": 1e-2, "bfloat16": 8e-2}
+
+
+def atomic_allowance(Tc: int) -> float:
+    """Extra relative error of a float32 sum of ``Tc`` terms added in any order (dQ by atomics).
+
+    Each addition rounds by at most 2^-24 of the running sum, so the sum's error is at most
+    ``Tc * 2^-24`` of the sum of the terms' magnitudes; for terms of random sign that sum is
+    about ``sqrt(Tc)`` times the result's size: ``Tc^1.5 * 2^-24`` relative to the result.
+    """
+    return Tc**1.5 * 2.0**-24
+
+
+def backward_tolerance(dtype: str, naive_err: float, Tc_atomic: int = 0) -> float:
+    """The largest relative error of one gradient of a backward kernel of ``dtype``, given the
+    naive backward's error; ``Tc_atomic`` key tiles added into it by float32 atomics."""
+    return min(2 * naive_err + FLOOR[dtype] + atomic_allowance(Tc_atomic), BWD_CEILING[dtype])

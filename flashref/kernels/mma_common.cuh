@@ -114,3 +114,18 @@ __device__ __forceinline__ void cp_async16(half_t* dst, const half_t* src, bool 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+// ---- red.global.add.v2.f32: two fp32 atomic additions in one instruction (sm_90 and later) --
+// Adds a to p[0] and b to p[1]; p must be 8-byte aligned. The mma C fragment gives each lane
+// two adjacent columns of a row (c0, c1 and c2, c3), which is what this takes: backward
+// version 4 adds its dQ fragments with it. Vector red exists from sm_90 on only; compiled for
+// an earlier GPU, this is two scalar atomicAdd.
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}

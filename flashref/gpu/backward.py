@@ -1,0 +1,219 @@
+"""The backward pass of attention on the GPU: dQ, dK, dV from the forward's O and lse.
+
+The loop of ``flashref.tiled_attention_backward`` as CUDA kernels, in numbered versions
+(``BWD_VERSIONS``; sources ``flashref/kernels/bwd*_*.cu``). One call runs three kernels:
+
+    bwd_preprocess   D = rowsum(dO * O)                          (B*H, Nq) float32
+    flash_bwdN       per key tile j: dK_j, dV_j; dQ_i shares      dQacc (B*H, Nq, d) float32
+    bwd_dq_convert   dQ = scale * dQacc in q's dtype
+
+or, for versions with ``deterministic_dq`` (a separate pass instead of atomics), the main
+kernel writes only dK, dV and ``flash_bwdN_dq`` computes dQ per query tile, written once.
+
+Conventions and argument checks are those of the forward ``flash_attention`` and of the CPU
+``naive_attention_backward`` (the same messages): ``o`` and ``do`` shaped like q, ``lse``
+``(..., Nq)`` float32 as ``flash_attention(..., return_lse=True)`` returns it (natural log,
+scale included), top-left causal, any Nq and Nk.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .._checks import check_shapes
+from . import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
+from .bwd_versions import (
+    BWD_DEFAULT,
+    BWD_VERSIONS,
+    CONVERT_THREADS,
+    PRE_THREADS,
+    BwdVersion,
+    pre_post_source,
+)
+
+BWD_DTYPES = ("float16", "bfloat16")
+
+
+def _check_array(x, name: str):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
+        raise TypeError(
+            f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
+        )
+
+
+def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
+    """Every check that needs no GPU, in the CPU backward's order and words.
+
+    Returns ``(dtype, d, scale, BwdVersion)``.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
+        _check_array(x, name)
+    G = check_shapes(q, k, v)  # the NumPy functions' shape rules and messages
+    if G != 1:
+        raise ValueError(
+            f"flash_attention_backward does not take grouped K/V heads yet: q has "
+            f"{q.shape[-3]} heads, k and v have {k.shape[-3]}; repeat k and v to q's heads "
+            f"(k.repeat({G}, axis=-3) for CuPy, k.repeat_interleave({G}, dim=-3) for torch) "
+            "and sum dk, dv over each group, or use flashref's NumPy functions"
+        )
+    dtype, d, scale, _ = _check_inputs(q, k, v, causal, scale, False)
+    o_shape = tuple(q.shape[:-1]) + tuple(v.shape[-1:])
+    for name, arr in (("o", o), ("do", do)):
+        if tuple(arr.shape) != o_shape:
+            raise ValueError(
+                f"{name} has shape {tuple(arr.shape)}; expected {o_shape} (..., Nq, dv) "
+                f"for q {tuple(q.shape)} and v {tuple(v.shape)}"
+            )
+    if tuple(lse.shape) != tuple(q.shape[:-1]):
+        raise ValueError(
+            f"lse has shape {tuple(lse.shape)}; expected {tuple(q.shape[:-1])} (..., Nq) "
+            f"for q {tuple(q.shape)}"
+        )
+    for name, x in (("o", o), ("do", do)):
+        if _dtype_name(x) != dtype:
+            raise TypeError(f"{name} has dtype {_dtype_name(x)}; expected q's dtype, {dtype}")
+    if _dtype_name(lse) != "float32":
+        raise TypeError(
+            f"lse has dtype {_dtype_name(lse)}; expected float32, as flash_attention(..., "
+            "return_lse=True) returns it"
+        )
+    if dtype not in BWD_DTYPES:
+        raise TypeError(
+            f"q has dtype {dtype}; flash_attention_backward supports {', '.join(BWD_DTYPES)}"
+        )
+    return dtype, d, scale, _check_bwd_version(version, dtype, d)
+
+
+def _check_bwd_version(version, dtype: str, d: int) -> BwdVersion:
+    if version is None:
+        ver = BWD_VERSIONS[BWD_DEFAULT]
+    elif isinstance(version, bool) or not isinstance(version, numbers.Integral):
+        raise TypeError(f"version must be an int or None, got {type(version).__name__}")
+    elif version not in BWD_VERSIONS:
+        raise ValueError(f"version must be one of {sorted(BWD_VERSIONS)} or None, got {version}")
+    else:
+        ver = BWD_VERSIONS[int(version)]
+    if dtype not in ver.dtypes:
+        raise TypeError(
+            f"backward version {ver.number} takes {' or '.join(ver.dtypes)}, q is {dtype}"
+        )
+    if d not in ver.head_dims:
+        dims = ", ".join(map(str, ver.head_dims))
+        raise ValueError(
+            f"q has head dim d={d}; backward version {ver.number} supports d in {dims}"
+        )
+    return ver
+
+
+_modules: dict[tuple, object] = {}
+
+
+def get_functions(ver: BwdVersion, d: int, dtype: str):
+    """(preprocess, main, last) compiled for head dim ``d`` and ``dtype`` on this device; the
+    last kernel converts the atomics' float32 dQ, or is the version's own dQ pass."""
+    import cupy as cp
+
+    from ._launch import NVRTC_OPTIONS
+
+    key = (ver.number, d, dtype, cp.cuda.Device().id)
+    fns = _modules.get(key)
+    if fns is None:
+        opts = (*NVRTC_OPTIONS, *ver.defines(d, dtype))
+        pp = cp.RawModule(code=pre_post_source(), options=opts)
+        module = cp.RawModule(code=ver.source(), options=opts)
+        main = module.get_function(ver.kernel)
+        main.max_dynamic_shared_size_bytes = ver.smem_bytes(d)
+        if ver.deterministic_dq:
+            last = module.get_function(ver.dq_kernel)
+            last.max_dynamic_shared_size_bytes = ver.dq_smem_bytes(d)
+        else:
+            last = pp.get_function("bwd_dq_convert")
+        fns = (pp.get_function("bwd_preprocess"), main, last)
+        _modules[key] = fns
+    return fns
+
+
+def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale: float):
+    """Run backward version ``ver`` on checked CuPy inputs, writing every element of
+    ``dq (..., Nq, d)``, ``dk`` and ``dv (..., Nk, d)`` (C-contiguous, the inputs' dtype)."""
+    import cupy as cp
+
+    from ._launch import MAX_GRID_Y, _as_kernel_input
+
+    *lead, Nq, d = q.shape
+    Nk = k.shape[-2]
+    BH = math.prod(lead)
+    if BH == 0:
+        return
+    if Nq == 0 or Nk == 0:  # no query, or no key to attend to: nothing flows back
+        for x in (dq, dk, dv):
+            x.fill(0)
+        return
+    q3, o3, do3 = (_as_kernel_input(x, (BH, Nq, d)) for x in (q, o, do))  # (B*H, Nq, d)
+    k3, v3 = (_as_kernel_input(x, (BH, Nk, d)) for x in (k, v))  # (B*H, Nk, d)
+    lse2 = _as_kernel_input(lse, (BH, Nq))  # (B*H, Nq)
+    Dvec = cp.empty((BH, Nq), dtype=cp.float32)  # (B*H, Nq)
+    dq3, dk3, dv3 = dq.reshape(BH, Nq, d), dk.reshape(BH, Nk, d), dv.reshape(BH, Nk, d)  # views
+    dQacc = None if ver.deterministic_dq else cp.zeros((BH, Nq, d), dtype=cp.float32)  # atomics
+    pre, main, last = get_functions(ver, d, str(q.dtype))
+    rows = PRE_THREADS // (d // 8)
+    Tr, Tc = (Nq + ver.Br - 1) // ver.Br, (Nk + ver.Bc - 1) // ver.Bc
+    ints = (np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal))
+    for b0 in range(0, BH, MAX_GRID_Y):
+        b = slice(b0, min(BH, b0 + MAX_GRID_Y))
+        nb = b.stop - b.start
+        pre(((Nq + rows - 1) // rows, nb), (PRE_THREADS,), (o3[b], do3[b], Dvec[b], np.int32(Nq)))
+        common = (q3[b], k3[b], v3[b], do3[b], lse2[b], Dvec[b])
+        if ver.deterministic_dq:  # dK, dV; then dQ per query tile, written once
+            main((Tc, nb), (ver.threads,), (*common, dk3[b], dv3[b], *ints),
+                 shared_mem=ver.smem_bytes(d))  # fmt: skip
+            last((Tr, nb), (ver.threads,), (*common, dq3[b], *ints),
+                 shared_mem=ver.dq_smem_bytes(d))  # fmt: skip
+        else:  # dK, dV, and dQ / scale added into dQacc
+            main((Tc, nb), (ver.threads,), (*common, dQacc[b], dk3[b], dv3[b], *ints),
+                 shared_mem=ver.smem_bytes(d))  # fmt: skip
+    if dQacc is not None:  # dQ = scale * dQacc in q's dtype
+        pairs = BH * Nq * d // 2
+        blocks = min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192)
+        last((blocks,), (CONVERT_THREADS,), (dQacc, dq, np.int64(pairs), np.float32(scale)))
+
+
+def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, version=None):
+    """Gradients ``(dq, dk, dv)`` of attention on the GPU, FlashAttention-2's backward.
+
+    Args:
+        q: (..., Nq, d); k, v: (..., Nk, d); CuPy arrays or torch CUDA tensors (through DLPack,
+            no copy), float16 or bfloat16, d = 64 or 128.
+        o: (..., Nq, d), the forward's output, q's dtype; do: (..., Nq, d), dLoss/dO.
+        lse: (..., Nq) float32, the forward's ``lse`` (``flash_attention(..., return_lse=True)``).
+        causal, scale: as in the forward call that made ``o`` and ``lse``.
+        version: a key of ``BWD_VERSIONS``, or None for the default.
+
+    Returns ``(dq, dk, dv)`` in q's dtype and kind (CuPy in, CuPy out; torch in, torch out).
+    dK and dV are the same bits on every call; dQ too with version 2, while version 1 sums it
+    with float32 atomics, so it can differ by the rounding of that sum's order
+    (``BwdVersion.deterministic_dq``).
+    """
+    dtype, d, scale, ver = check_backward_inputs(q, k, v, o, lse, do, causal, scale, version)
+    causal = bool(causal)
+    cp = _require_gpu()
+    torch_in = _is_torch(q)
+    names = ("q", "k", "v", "o", "lse", "do")
+    q, k, v, o, lse, do = (
+        _to_cupy(cp, x, n) for n, x in zip(names, (q, k, v, o, lse, do), strict=True)
+    )
+    from . import _check_capability
+
+    _check_capability(cp, ver)
+    dq = cp.empty(q.shape, dtype=q.dtype)
+    dk = cp.empty(k.shape, dtype=q.dtype)
+    dv = cp.empty(v.shape, dtype=q.dtype)
+    launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, causal=causal, scale=scale)
+    if torch_in:
+        import torch
+
+        return tuple(torch.from_dlpack(x) for x in (dq, dk, dv))
+    return dq, dk, dv

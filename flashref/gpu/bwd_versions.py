@@ -1,0 +1,105 @@
+"""The numbered backward kernel versions (bwd1, bwd2, ...): what each is, how it is launched.
+
+Beside the forward's ``VERSIONS`` (``versions.py``) and independent of it: a backward version
+is one ``flashref/kernels/bwdN_*.cu`` file holding the main kernel ``flash_bwdN``; the
+preprocess ``D = rowsum(dO * O)`` and the dQ conversion around it are shared by every version
+(``bwd_pre_post.cu``). Nothing here imports CuPy, so the registry can be read, and the sources
+compiled with nvcc, on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .versions import _INCLUDE, DTYPE_DEFINES, KERNEL_DIR
+
+PRE_POST_FILE = "bwd_pre_post.cu"  # bwd_preprocess and bwd_dq_convert
+PRE_THREADS = 128  # bwd_preprocess: threads per block, d / 8 of them per row
+CONVERT_THREADS = 256  # bwd_dq_convert: threads per block, two elements each
+
+
+def _source(path: Path) -> str:
+    """The .cu text with each ``#include "x.cuh"`` replaced by that header's text (as the
+    forward's ``Version.source``, so that CuPy's kernel cache sees an edit of a header)."""
+    return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), path.read_text())
+
+
+def pre_post_source() -> str:
+    return _source(KERNEL_DIR / PRE_POST_FILE)
+
+
+@dataclass(frozen=True)
+class BwdVersion:
+    """One backward version: its main kernel's file, tile sizes and what dQ costs."""
+
+    number: int
+    name: str
+    summary: str
+    file: str  # under flashref/kernels/
+    Bc: int  # keys per thread block (the block owns dK_j, dV_j of these)
+    Br: int  # queries per inner tile
+    threads: int
+    # False: dQ is summed with float32 atomics, in a varying order, then converted. True: a
+    # second kernel flash_bwdN_dq computes dQ per query tile and writes it once.
+    deterministic_dq: bool
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    head_dims: tuple[int, ...] = (64, 128)
+    min_cc: tuple[int, int] = (8, 0)  # mma.sync m16n8k16 bf16, cp.async, ldmatrix
+
+    @property
+    def kernel(self) -> str:
+        return f"flash_bwd{self.number}"
+
+    @property
+    def path(self) -> Path:
+        return KERNEL_DIR / self.file
+
+    @property
+    def dq_kernel(self) -> str | None:
+        return f"flash_bwd{self.number}_dq" if self.deterministic_dq else None
+
+    def smem_bytes(self, d: int) -> int:
+        """Dynamic shared memory of the main kernel, matching the layout in the .cu file:
+        lse and D of two query tiles (fp32), dS^T (Bc, Br + 8) where dQ is added by atomics,
+        K_j and V_j (Bc, d + 8), two buffers each of Q_i and dO_i (Br, d + 8), 16-bit."""
+        row = d + 8
+        dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
+        return 4 * 4 * self.Br + 2 * (dS + 2 * self.Bc * row + 4 * self.Br * row)
+
+    def dq_smem_bytes(self, d: int) -> int:
+        """The dQ pass (``dq_kernel``): Q_i and dO_i (Br, d + 8), two buffers each of K_j and
+        V_j (Bc, d + 8), 16-bit."""
+        return 2 * (2 * self.Br + 4 * self.Bc) * (d + 8)
+
+    def source(self) -> str:
+        return _source(self.path)
+
+    def defines(self, d: int, dtype: str) -> tuple[str, ...]:
+        return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
+
+
+BWD_VERSIONS: dict[int, BwdVersion] = {
+    v.number: v
+    for v in (
+        BwdVersion(1, "atomic_dq",
+                   "FlashAttention-2's backward on mma.sync: K/V tile per block, 4 warps of 16 "
+                   "keys, S^T and dP^T recomputed per query tile, dQ by float32 atomics",
+                   "bwd1_atomic_dq.cu", Bc=64, Br=64, threads=128, deterministic_dq=False),
+        BwdVersion(2, "dq_pass",
+                   "bwd1 without atomics: dK, dV kernel, then a dQ kernel per query tile that "
+                   "recomputes S and dP (7 products instead of 5, dQ deterministic)",
+                   "bwd2_dq_pass.cu", Bc=64, Br=64, threads=128, deterministic_dq=True),
+        BwdVersion(3, "bc128",
+                   "bwd1 with 8 warps and Bc = 128: each query tile copied serves twice the "
+                   "keys, half the dQ atomics",
+                   "bwd3_bc128.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(4, "red_v2",
+                   "bwd3 adding dQ with red.global.add.v2.f32: one atomic per two elements",
+                   "bwd4_red_v2.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+    )
+}  # fmt: skip
+
+# version=None picks this backward version for every (dtype, d, causal) until a recorded run
+# (results/gpu_backward.json) says another one is faster.
+BWD_DEFAULT = 1

@@ -1,0 +1,155 @@
+"""flashref.gpu.flash_attention_backward without a GPU: every argument error is raised before
+the GPU is looked for, with the CPU backward's words where the CPU has the same rule; the
+backward registry is complete. Runs everywhere (CuPy's absence is simulated)."""
+
+from __future__ import annotations
+
+import builtins
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import flashref.gpu as fg
+from flashref import naive_attention_backward
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "cupy" or name.startswith("cupy."):
+            raise ImportError("No module named 'cupy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+def _args(dtype="float16", lead=(2, 3), Nq=16, Nk=20, d=64):
+    """q, k, v, o, lse, do of consistent shapes (lse float32, as the forward returns it)."""
+    q, kv = np.zeros((*lead, Nq, d), dtype), np.zeros((*lead, Nk, d), dtype)
+    return [q, kv, kv.copy(), q.copy(), np.zeros((*lead, Nq), np.float32), q.copy()]
+
+
+def test_good_arguments_reach_the_gpu_check(no_cupy):
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        fg.flash_attention_backward(*_args(), causal=True, scale=-0.5, version=1)
+    with pytest.raises(fg.GPUUnavailableError):
+        fg.flash_attention_backward(*_args(d=128))
+
+
+@pytest.mark.parametrize("which,shape", [("o", (2, 3, 15, 64)), ("do", (2, 3, 16, 32)),
+                                         ("lse", (2, 3, 17)), ("lse", (2, 3, 16, 1))])  # fmt: skip
+def test_shapes_have_the_cpu_messages(no_cupy, which, shape):
+    args = _args()
+    index = ["q", "k", "v", "o", "lse", "do"].index(which)
+    args[index] = np.zeros(shape, args[index].dtype)
+    with pytest.raises(ValueError) as cpu:
+        naive_attention_backward(*args)
+    with pytest.raises(ValueError) as gpu:
+        fg.flash_attention_backward(*args)
+    assert str(gpu.value) == str(cpu.value)
+    assert str(gpu.value).startswith(f"{which} has shape {shape}")
+
+
+@pytest.mark.parametrize("bad", [np.inf, 0.0, 1e300, "0.5", True], ids=repr)
+def test_scale_follows_the_cpu_rule(no_cupy, bad):
+    args = _args()
+    with pytest.raises((TypeError, ValueError)) as cpu:
+        naive_attention_backward(*args, scale=bad)
+    with pytest.raises(type(cpu.value)) as gpu:
+        fg.flash_attention_backward(*args, scale=bad)
+    assert str(gpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("bad", ["False", None, 1, np.int64(0)], ids=repr)
+def test_causal_follows_the_cpu_rule(no_cupy, bad):
+    args = _args()
+    with pytest.raises(TypeError) as cpu:
+        naive_attention_backward(*args, causal=bad)
+    with pytest.raises(TypeError) as gpu:
+        fg.flash_attention_backward(*args, causal=bad)
+    assert str(gpu.value) == str(cpu.value) == f"causal must be a bool, got {type(bad).__name__}"
+
+
+def test_gpu_only_rules_name_the_argument(no_cupy):
+    call = fg.flash_attention_backward
+    args = _args()
+    cases = [
+        (dict(), {"o": args[3].astype(np.float32)}, TypeError, "o has dtype float32; expected q's"),
+        (dict(), {"do": args[5].astype(np.float32)}, TypeError, "do has dtype float32"),
+        (dict(), {"lse": args[4].astype(np.float16)}, TypeError, "lse has dtype float16; expe"),
+        (dict(), {"o": [[0.0]]}, TypeError, "o must be a cupy.ndarray or a torch CUDA tensor"),
+        (dict(version=99), {}, ValueError, r"version must be one of \[1, .*\] or None, got 99"),
+        (dict(version="1"), {}, TypeError, "version must be an int or None, got str"),
+        (dict(version=True), {}, TypeError, "version must be an int or None, got bool"),
+    ]
+    names = ["q", "k", "v", "o", "lse", "do"]
+    for kwargs, replace, error, match in cases:
+        a = [replace.get(n, x) for n, x in zip(names, args, strict=True)]
+        with pytest.raises(error, match=match):
+            call(*a, **kwargs)
+    with pytest.raises(ValueError, match="q has head dim d=32; backward version 1 supports d in"):
+        call(*_args(d=32))
+    with pytest.raises(TypeError, match="q has dtype float32; flash_attention_backward supports"):
+        call(*_args("float32"))
+    with pytest.raises(ValueError, match="does not take grouped K/V heads"):
+        a = _args()
+        call(a[0], a[1][:, :1], a[2][:, :1], *a[3:])
+    with pytest.raises(ValueError, match="k has shape .* but q has head dim 64"):
+        call(args[0], args[1][..., :32], *args[2:])
+
+
+def test_backward_registry_is_complete():
+    from flashref.gpu.bwd_versions import pre_post_source
+
+    assert sorted(fg.BWD_VERSIONS) == list(range(1, len(fg.BWD_VERSIONS) + 1))
+    for number, ver in fg.BWD_VERSIONS.items():
+        text = ver.path.read_text()
+        assert ver.number == number and ver.file.startswith(f"bwd{number}_"), ver.file
+        assert text.startswith(f"// backward version {number}:"), ver.file
+        assert f"flash_bwd{number}(" in text
+        if ver.deterministic_dq:  # its own dQ pass, and no atomics anywhere in the file
+            assert f"{ver.dq_kernel}(" in text and "atomicAdd" not in text and "red_add" not in text
+            assert ver.dq_smem_bytes(128) <= 227 * 1024
+        else:
+            assert ("atomicAdd(" in text or "red_add_v2(" in text) and ver.dq_kernel is None
+        assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
+        assert '#include "' not in ver.source()  # headers pasted in, as NVRTC is given it
+        defines = dict(re.findall(r"^#define (NWARPS|Br|Bc) (.+?)\s+//", text, re.MULTILINE))
+        nwarps = int(defines["NWARPS"])
+        assert ver.threads == 32 * nwarps, "threads in the registry and the .cu file differ"
+        per_warp = re.fullmatch(r"\(NWARPS \* (\d+)\)", defines["Bc"])  # keys per warp
+        Bc = nwarps * int(per_warp[1]) if per_warp else int(defines["Bc"])
+        assert (ver.Br, ver.Bc) == (int(defines["Br"]), Bc), "tiles in the registry and .cu differ"
+    src = pre_post_source()
+    assert "bwd_preprocess(" in src and "bwd_dq_convert(" in src and '#include "' not in src
+
+
+def test_backward_bench_reports_missing_gpu_and_writes_nothing(no_cupy, tmp_path):
+    from flashref.bench import gpu
+
+    out = tmp_path / "b.json"
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        gpu.main(["--backward", "--n", "1024", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_backward_table_shows_ratios_to_both_baselines(capsys):
+    from flashref.bench.backward import print_table
+
+    def row(impl, direction, version, tflops):
+        return {"impl": impl, "direction": direction, "version": version, "dtype": "float16",
+                "d": 64, "causal": False, "N": 4096, "tflops": tflops}  # fmt: skip
+
+    rows = [row("flashref", "forward", 14, 240.0), row("flashref", "backward", 1, 150.0),
+            row("sdpa_flash", "backward", None, 300.0), row("sdpa_cudnn", "backward", None, 500.0),
+            row("sdpa_flash", "forward", None, 300.0)]  # fmt: skip
+    print_table({"meta": {"gpu": "a GPU", "timing": "events"}, "rows": rows})
+    text = capsys.readouterr().out
+    assert "flashref bwd1 " in text and "150.0 (0.50/0.30)" in text  # 150/300, 150/500
+    assert "flashref fwd v14 " in text and "240.0 (0.80/-)" in text  # no cuDNN forward row
+    assert "sdpa_flash bwd " in text and "sdpa_flash fwd " in text
