@@ -86,9 +86,10 @@ def _naive_same_precision(cp, q, k, v, causal):
     """
     d, Nq, Nk = q.shape[-1], q.shape[-2], k.shape[-2]
     if str(q.dtype) == "bfloat16":
+        bf16 = q.dtype  # kept: q is replaced by its float32 copy below
 
         def rnd(x):
-            return x.astype(q.dtype).astype(cp.float32)
+            return x.astype(bf16).astype(cp.float32)
 
         q, k, v = (x.astype(cp.float32) for x in (q, k, v))
     else:

@@ -119,12 +119,12 @@ def _is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
 
 
-def _check_inputs(q, k, v, causal, scale, return_lse, version=None):
+def _check_inputs(q, k, v, causal, scale, return_lse):
     """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale, G).
 
     ``causal``, ``return_lse`` and ``scale`` follow the NumPy functions' rules
-    (``check_flag``, ``check_scale``); the kernels accumulate in float32. Grouped K/V heads
-    (``G = Hq // Hkv > 1``) are taken only where the decode kernel computes the same thing.
+    (``check_flag``, ``check_scale``); the kernels accumulate in float32. ``G = Hq // Hkv``
+    is the grouped-query group size (1 without grouping), under the NumPy functions' rules.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
@@ -147,35 +147,27 @@ def _check_inputs(q, k, v, causal, scale, return_lse, version=None):
         raise TypeError(f"q has dtype {dtype}; flashref.gpu supports {', '.join(DTYPES)}")
     check_flag(causal, "causal")
     check_flag(return_lse, "return_lse")
-    if G != 1:
-        _check_grouped(q, k, G, dtype, causal, version)
     return dtype, d, check_scale(scale, d, "float32"), G
 
 
-def _check_grouped(q, k, G, dtype, causal, version) -> None:
-    """Grouped K/V heads go to the decode kernel (``decode.py``): 4-D inputs of at most 16
-    queries, 16-bit, d 64 or 128, no version asked for, and causal only where top-left and
-    the decode kernel's bottom-right alignment agree (Nq == Nk). Anything else is refused."""
+def _decode_route(q, k, G: int, dtype: str, causal: bool, version) -> bool:
+    """Whether grouped heads go to the decode kernel (``decode.py``), which reads each K/V
+    head once for all its query heads: 4-D inputs of at most 16 queries, 16-bit, d 64 or 128,
+    no version asked for, and causal only where top-left and the decode kernel's bottom-right
+    alignment agree (Nq == Nk). Other grouped inputs run a numbered version once per group
+    member (``_launch.launch_grouped``)."""
     from .decode import HEAD_DIMS, MAX_NQ
 
     Nq, Nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    why = []
-    if q.ndim != 4 or not 1 <= Nq <= MAX_NQ:
-        why.append(f"q of shape (B, Hq, Nq, d) with Nq <= {MAX_NQ} (q has {tuple(q.shape)})")
-    if dtype == "float32" or d not in HEAD_DIMS:
-        why.append(f"float16 or bfloat16 with d in {HEAD_DIMS} (q is {dtype}, d = {d})")
-    if version is not None:
-        why.append(f"version=None (the decode kernel is not a numbered version; got {version})")
-    if causal and Nq != Nk:
-        why.append(f"causal=False, or Nq == Nk (got Nq = {Nq}, Nk = {Nk})")
-    if why:
-        raise ValueError(
-            f"flashref.gpu takes grouped K/V heads (q has {q.shape[-3]} heads, k and v have "
-            f"{k.shape[-3]}) only through the decode kernel, which needs "
-            f"{'; '.join(why)}; otherwise repeat k and v to q's heads (k.repeat({G}, axis=-3) "
-            f"for CuPy, k.repeat_interleave({G}, dim=-3) for torch), or use flashref's NumPy "
-            "functions"
-        )
+    return (
+        G > 1
+        and q.ndim == 4
+        and 1 <= Nq <= MAX_NQ
+        and dtype != "float32"
+        and d in HEAD_DIMS
+        and version is None
+        and (not causal or Nq == Nk)
+    )
 
 
 def _to_cupy(cp, x, name: str):
@@ -200,10 +192,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
             (taken through DLPack without a copy), one dtype: float16 or bfloat16 (the
             tensor-core versions) or float32 (versions 1 and 2). CuPy holds bfloat16 as
             ``ml_dtypes.bfloat16``.
-        Grouped K/V heads (``q (B, Hq, Nq, d)``, ``k``, ``v (B, Hkv, Nk, d)``, ``Hq`` a
-            multiple of ``Hkv``) are taken for 16-bit inputs with ``Nq <= 16``, d 64 or 128 and
-            ``version=None`` (causal only with ``Nq == Nk``), computed by the decode kernel
-            (``flashref.gpu.decode_attention``); other grouped inputs are refused, saying why.
+        Grouped K/V heads: ``q (..., Hq, Nq, d)`` with ``k``, ``v (..., Hkv, Nk, d)`` and
+            ``Hq`` a multiple of ``Hkv`` (query head ``h`` uses K/V head ``h // (Hq // Hkv)``),
+            without copying K/V. 16-bit 4-D inputs with ``Nq <= 16``, d 64 or 128 and
+            ``version=None`` (causal only with ``Nq == Nk``) run the decode kernel
+            (``flashref.gpu.decode_attention``); other grouped inputs run the version once per
+            member of a group.
         causal: top-left causal mask (query i sees keys j <= i); a bool.
         scale: score scale, default ``1/sqrt(d)``; a real number, finite, nonzero
             and within float32's range (negative allowed), as on the CPU.
@@ -214,7 +208,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 
     Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse, version)
+    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse)
     causal = bool(causal)  # a NumPy bool passed check_flag
     ver = _check_version(version, dtype, d, causal)
     cp = _require_gpu()
@@ -237,11 +231,15 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
         O = cp.empty((*lead, Nq, d), dtype=q.dtype)
     lse = cp.empty((*lead, Nq), dtype=cp.float32)
 
-    if G != 1:  # grouped heads, Nq <= 16: the decode kernel, split as choose_num_splits says
+    if _decode_route(q, k, G, dtype, causal, version):  # split as choose_num_splits says
         from .decode import decode_attention
 
         causal_br = "bottom_right" if causal else False  # the same mask here (Nq == Nk)
         O[...], lse[...] = decode_attention(q, k, v, causal=causal_br, scale=scale, return_lse=True)
+    elif G != 1:
+        from ._launch import launch_grouped
+
+        launch_grouped(ver, q, k, v, O, lse, G=G, causal=causal, scale=scale)
     else:
         from ._launch import launch
 

@@ -83,3 +83,25 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
              np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal)),
             shared_mem=smem,
         )  # fmt: skip
+
+
+def launch_grouped(ver, q, k, v, O, lse, *, G: int, causal: bool, scale: float) -> None:
+    """Grouped K/V heads: ``q (..., Hkv * G, Nq, d)`` against ``k``, ``v (..., Hkv, Nk, d)``.
+
+    Query head ``h`` uses K/V head ``h // G``. Viewed as ``(..., Hkv, G, Nq, d)``, the query
+    heads with the same ``h % G = g`` form a tensor shaped like k and v, so one launch of the
+    version per ``g`` computes them against the unchanged K/V (no copy of K or V; q's slice and
+    O's slice are copied, they are the small tensors). ``G`` launches read each K/V head ``G``
+    times, as ``G`` separate query heads would.
+    """
+    *lead, Hq, Nq, d = q.shape
+    Hkv = Hq // G
+    qg = q.reshape(*lead, Hkv, G, Nq, d)  # (..., Hkv, G, Nq, d) view
+    Og = O.reshape(*lead, Hkv, G, Nq, d)  # views of the contiguous outputs
+    lseg = lse.reshape(*lead, Hkv, G, Nq)
+    O_g = cp.empty((*lead, Hkv, Nq, d), dtype=O.dtype)  # one group member's heads
+    lse_g = cp.empty((*lead, Hkv, Nq), dtype=lse.dtype)
+    for g in range(G):
+        launch(ver, qg[..., g, :, :], k, v, O_g, lse_g, causal=causal, scale=scale)
+        Og[..., g, :, :] = O_g
+        lseg[..., g, :] = lse_g
