@@ -1,0 +1,250 @@
+"""A small character-level transformer, trained with flashref's attention or with SDPA.
+
+    python -m flashref.charmodel --steps 300 --out results/gpu_training.json
+
+trains the same model three times on the book's own prose (``flashref.booktext``): with
+``flashref.torch.attention``, with PyTorch's ``scaled_dot_product_attention`` from the same
+seed (the same initial weights and the same batches), and with SDPA from another seed,
+whose distance from the first SDPA run says how far apart two equally good runs end. It
+writes every loss curve with its provenance (GPU, driver, library versions, date, model
+shape, seconds per step) as JSON; ``flashref.recorded`` reads it back for chapter 8.
+
+The model is GPT-shaped: token and position embeddings, ``n_layers`` pre-LayerNorm blocks
+of causal self-attention (``n_heads`` heads of ``d_model // n_heads``) and a 4x GELU MLP,
+a final LayerNorm and a linear head. Mixed precision: float32 weights, matrix products in
+``dtype`` (bfloat16 by default) under ``torch.autocast``, so attention sees ``dtype``.
+
+torch is imported inside the functions: importing this module needs only NumPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+from .booktext import CharCorpus, book_text
+
+ATTENTIONS = ("flashref", "sdpa")
+VAL_SEED = 12345  # every run is validated on the same windows, whatever its seed
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    n_layers: int = 4
+    d_model: int = 256
+    n_heads: int = 4  # head dim d = d_model // n_heads = 64
+    context: int = 256
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 30  # steps of linear learning-rate warm-up
+    eval_batches: int = 8  # validation batches at the end
+
+
+def build_model(vocab_size: int, cfg: Config, attend):
+    """The transformer as a ``torch.nn.Module``; ``attend(q, k, v)`` is causal attention."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+            self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+            self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+            self.mlp = nn.Sequential(
+                nn.Linear(cfg.d_model, 4 * cfg.d_model),
+                nn.GELU(),
+                nn.Linear(4 * cfg.d_model, cfg.d_model),
+            )
+
+        def forward(self, x):  # (B, N, d_model)
+            B, N, _ = x.shape
+            qkv = self.qkv(self.ln1(x)).view(B, N, 3, cfg.n_heads, -1)  # (B, N, 3, H, d)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, N, d) views
+            y = attend(q, k, v)  # (B, H, N, d)
+            x = x + self.proj(y.transpose(1, 2).reshape(B, N, cfg.d_model))
+            return x + self.mlp(self.ln2(x))
+
+    class CharTransformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab_size, cfg.d_model)
+            self.pos = nn.Embedding(cfg.context, cfg.d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.n_layers))
+            self.ln = nn.LayerNorm(cfg.d_model)
+            self.head = nn.Linear(cfg.d_model, vocab_size)
+
+        def forward(self, idx):  # (B, N) int64
+            pos = torch.arange(idx.shape[1], device=idx.device)  # (N,)
+            x = self.tok(idx) + self.pos(pos)  # (B, N, d_model)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.ln(x))  # (B, N, vocab)
+
+    return CharTransformer()
+
+
+def attention_function(name: str):
+    """Causal attention ``(q, k, v) -> y`` by ``name``: "flashref" or "sdpa"."""
+    if name == "flashref":
+        from flashref.torch import attention
+
+        return lambda q, k, v: attention(q, k, v, causal=True)
+    if name == "sdpa":
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        return lambda q, k, v: sdpa(q, k, v, is_causal=True)
+    raise ValueError(f"attention must be one of {ATTENTIONS}, got {name!r}")
+
+
+def train(
+    attention="flashref",
+    *,
+    steps=300,
+    seed=0,
+    dtype="bfloat16",
+    device="cuda",
+    cfg=None,
+    corpus=None,
+) -> dict:
+    """Train from ``seed`` for ``steps`` steps; returns the loss curve and timings.
+
+    ``seed`` fixes the initial weights (``torch.manual_seed``) and the batches
+    (``CharCorpus.batches``), so two calls that differ only in ``attention`` start from the
+    same weights and see the same batches. Returns ``{"attention", "seed", "loss"`` (the
+    training loss of every step, before its update), ``"val_loss"`` (mean over
+    ``cfg.eval_batches`` validation batches after the last step, the same batches for every
+    run), ``"first_step_s"``,
+    ``"s_per_step"`` (median over the steps after the first five)``}``.
+    """
+    import torch
+
+    cfg = cfg or Config()
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {dtype!r}")
+    attend = attention_function(attention)  # checks the name
+    device = torch.device(device)
+    if attention == "flashref" and device.type != "cuda":
+        raise ValueError(f"attention='flashref' runs on a CUDA device, not {device}")
+    if cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model={cfg.d_model} is not a multiple of n_heads={cfg.n_heads}")
+    corpus = corpus or CharCorpus(book_text())
+    torch.manual_seed(seed)
+    model = build_model(corpus.vocab_size, cfg, attend).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # weights, not biases or gains
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup))
+    amp = dict(device_type=device.type, dtype=getattr(torch, dtype), enabled=dtype != "float32")
+
+    def loss_of(x, y):
+        with torch.autocast(**amp):
+            logits = model(torch.from_numpy(x).to(device))  # (B, N, vocab)
+        target = torch.from_numpy(y).to(device)  # (B, N)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+
+    batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
+    losses, seconds = [], []
+    for _, (x, y) in zip(range(steps), batches, strict=False):
+        t0 = time.perf_counter()
+        loss = loss_of(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())  # waits for the step to finish
+        seconds.append(time.perf_counter() - t0)
+    model.eval()
+    val = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=VAL_SEED, split="val")
+    with torch.no_grad():
+        val_loss = [
+            loss_of(x, y).item() for _, (x, y) in zip(range(cfg.eval_batches), val, strict=False)
+        ]
+    timed = sorted(seconds[5:] or seconds)
+    return {
+        "attention": attention,
+        "seed": seed,
+        "loss": losses,
+        "val_loss": math.fsum(val_loss) / len(val_loss),
+        "first_step_s": seconds[0],
+        "s_per_step": timed[len(timed) // 2],
+    }
+
+
+def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
+    """Where and how the runs were made: GPU, driver, versions, date, model and data."""
+    import cupy
+    import numpy
+    import torch
+
+    dev = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception:  # no pynvml: the driver's CUDA version, which CuPy can read
+        drv = cupy.cuda.runtime.driverGetVersion()
+        driver = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
+    return {
+        "gpu": dev.name,
+        "driver": driver,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cupy": cupy.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "model": dataclasses.asdict(cfg) | {"vocab_size": corpus.vocab_size},
+        "steps": steps,
+        "dtype": dtype,
+        "text_chars": {"train": len(corpus.train), "val": len(corpus.val)},
+    }
+
+
+def compare(*, steps=300, seed=0, dtype="bfloat16", cfg=None) -> dict:
+    """flashref and SDPA from ``seed``, and SDPA from ``seed + 1``: ``{"meta", "runs"}``."""
+    cfg = cfg or Config()
+    corpus = CharCorpus(book_text())
+    plan = [("flashref", seed), ("sdpa", seed), ("sdpa", seed + 1)]
+    runs = []
+    for attention, s in plan:
+        run = train(attention, steps=steps, seed=s, dtype=dtype, cfg=cfg, corpus=corpus)
+        curve = f"loss {run['loss'][0]:.3f} -> {run['loss'][-1]:.3f}, val {run['val_loss']:.3f}"
+        print(f"{attention:8} seed {s}: {curve}, {run['s_per_step'] * 1e3:.1f} ms/step", flush=True)
+        runs.append(run)
+    return {"meta": provenance(cfg, steps, dtype, corpus), "runs": runs}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flashref.charmodel",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the two compared runs")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--out", type=Path, default=Path("results/gpu_training.json"))
+    args = parser.parse_args(argv)
+    result = compare(steps=args.steps, seed=args.seed, dtype=args.dtype)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
