@@ -1,0 +1,160 @@
+"""Reading the recorded training run and backward benchmark that chapter 8 prints.
+
+``results/gpu_training.json`` is written by ``python -m flashref.charmodel``;
+``results/gpu_backward.json`` by the GPU benchmark of the backward kernels. Both are read
+with every field checked (a missing key, a wrong type, NaN or infinity is a ValueError
+naming the file, the entry and the field), so a chapter never prints from a broken file.
+NumPy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+_NUM = (int, float)
+TRAINING_META = {"gpu": str, "driver": str, "torch": str, "cupy": str, "date": str,
+                 "model": dict, "steps": int, "dtype": str}  # fmt: skip
+TRAINING_RUN = {"attention": str, "seed": int, "loss": list, "val_loss": _NUM,
+                "first_step_s": _NUM, "s_per_step": _NUM}  # fmt: skip
+BACKWARD_META = {"gpu": str, "driver": str, "date": str}
+BACKWARD_ROW = {"impl": str, "direction": str, "dtype": str, "d": int, "causal": bool,
+                "N": int, "B": int, "H": int, "ms": _NUM, "ms_min": _NUM, "ms_max": _NUM,
+                "tflops": _NUM}  # fmt: skip
+IMPLS = ("flashref", "sdpa_flash", "sdpa_cudnn")
+DIRECTIONS = ("forward", "backward")
+
+
+def _read(path: Path) -> dict:
+    def no_constant(name):  # json.loads takes NaN and Infinity unless told not to
+        raise ValueError(f"{path}: {name} is not a measurement")
+
+    data = json.loads(path.read_text(encoding="utf-8"), parse_constant=no_constant)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check(obj, fields: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
+    for key, kind in fields.items():
+        if key not in obj:
+            raise ValueError(f"{where} has no {key!r}")
+        value = obj[key]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise ValueError(f"{where}[{key!r}] = {value!r:.60}; expected {kind}")
+        if kind is _NUM and not value >= 0:
+            raise ValueError(f"{where}[{key!r}] = {value!r}; expected a number >= 0")
+
+
+def load_training(path):
+    """``(meta, runs)`` from a ``gpu_training.json``, every field checked.
+
+    Each run's ``loss`` must hold ``meta["steps"]`` finite numbers, and there must be a
+    flashref run and an SDPA run from the same seed.
+    """
+    path = Path(path)
+    data = _read(path)
+    _check(data, {"meta": dict, "runs": list}, str(path))
+    meta, runs = data["meta"], data["runs"]
+    _check(meta, TRAINING_META, f"{path}: meta")
+    for i, run in enumerate(runs):
+        where = f"{path}: runs[{i}]"
+        _check(run, TRAINING_RUN, where)
+        loss = run["loss"]
+        if len(loss) != meta["steps"]:
+            raise ValueError(f"{where} has {len(loss)} losses; meta says {meta['steps']} steps")
+        bad = [j for j, x in enumerate(loss) if not isinstance(x, _NUM) or not x >= 0]
+        if bad:
+            raise ValueError(f"{where}['loss'][{bad[0]}] = {loss[bad[0]]!r}; expected a loss")
+    if _pair(runs) is None:
+        raise ValueError(f"{path}: no flashref run with an SDPA run from the same seed")
+    return meta, runs
+
+
+def _pair(runs):
+    """The first flashref run and the SDPA run from its seed, or None."""
+    for f in runs:
+        for s in runs:
+            if (f["attention"], s["attention"], f["seed"]) == ("flashref", "sdpa", s["seed"]):
+                return f, s
+    return None
+
+
+def end_loss(run, window: int) -> float:
+    """Mean training loss over the last ``window`` steps (exactly summed)."""
+    tail = run["loss"][-window:]
+    return math.fsum(tail) / len(tail)
+
+
+def training_summary(runs, window: int = 50) -> dict:
+    """How far apart the runs end: flashref against SDPA from its seed, and, when recorded,
+    that SDPA run against SDPA from another seed (the gap that seeds alone make).
+
+    Returns ``{"window", "flashref", "sdpa", "other_seed"}`` (the runs; ``other_seed`` None
+    when absent) and the gaps ``"end_gap"`` (of ``end_loss``), ``"val_gap"`` (of the
+    validation losses) and ``"max_step_gap"`` (largest gap of one step's loss, the same
+    batch in both runs), with ``"seed_end_gap"``, ``"seed_val_gap"`` when there is another
+    seed.
+    """
+    flash, sdpa = _pair(runs)
+    others = [r for r in runs if r["attention"] == "sdpa" and r["seed"] != sdpa["seed"]]
+    other = others[0] if others else None
+    steps = zip(flash["loss"], sdpa["loss"], strict=True)
+    out = {
+        "window": window,
+        "flashref": flash,
+        "sdpa": sdpa,
+        "other_seed": other,
+        "end_gap": abs(end_loss(flash, window) - end_loss(sdpa, window)),
+        "val_gap": abs(flash["val_loss"] - sdpa["val_loss"]),
+        "max_step_gap": max(abs(a - b) for a, b in steps),
+    }
+    if other is not None:
+        out["seed_end_gap"] = abs(end_loss(other, window) - end_loss(sdpa, window))
+        out["seed_val_gap"] = abs(other["val_loss"] - sdpa["val_loss"])
+    return out
+
+
+def load_backward(path):
+    """``(meta, rows)`` from a ``gpu_backward.json``, every field checked."""
+    path = Path(path)
+    data = _read(path)
+    _check(data, {"meta": dict, "rows": list}, str(path))
+    _check(data["meta"], BACKWARD_META, f"{path}: meta")
+    for i, row in enumerate(data["rows"]):
+        where = f"{path}: rows[{i}]"
+        _check(row, BACKWARD_ROW, where)
+        if row["impl"] not in IMPLS:
+            raise ValueError(f"{where}['impl'] = {row['impl']!r}; expected one of {IMPLS}")
+        if row["direction"] not in DIRECTIONS:
+            raise ValueError(f"{where}['direction'] = {row['direction']!r}; not {DIRECTIONS}")
+        if "version" not in row:
+            raise ValueError(f"{where} has no 'version'")
+    return data["meta"], data["rows"]
+
+
+def backward_table(rows, direction: str = "backward") -> list[str]:
+    """Lines of a table: flashref's TFLOP/s beside SDPA FLASH's and cuDNN's, and the ratios,
+    for every (dtype, d, causal, N) and flashref version measured in ``direction``."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    rows = [r for r in rows if r["direction"] == direction]
+    index = {(r["impl"], r["dtype"], r["d"], r["causal"], r["N"]): r for r in rows}
+    ours = sorted(
+        (r for r in rows if r["impl"] == "flashref"),
+        key=lambda r: (r["dtype"], r["d"], r["causal"], r["N"], str(r["version"])),
+    )
+    lines = [f"{direction}, TFLOP/s",
+             f"{'dtype':9}{'d':>4} {'causal':7}{'N':>6} {'version':>7}{'flashref':>9}"
+             f"{'FLASH':>7}{'cuDNN':>7}{'/ FLASH':>8}{'/ cuDNN':>8}"]  # fmt: skip
+    for r in ours:
+        key = (r["dtype"], r["d"], r["causal"], r["N"])
+        base = [index.get((impl, *key)) for impl in ("sdpa_flash", "sdpa_cudnn")]
+        tf = [f"{b['tflops']:7.0f}" if b else f"{'-':>7}" for b in base]
+        ratio = [f"{r['tflops'] / b['tflops']:8.2f}" if b else f"{'-':>8}" for b in base]
+        shape = f"{r['dtype']:9}{r['d']:>4} {r['causal']!s:7}{r['N']:>6} {r['version']!s:>7}"
+        lines.append(f"{shape}{r['tflops']:9.0f}{''.join(tf)}{''.join(ratio)}")
+    return lines

@@ -1,0 +1,138 @@
+"""Reading results/gpu_training.json and results/gpu_backward.json, on synthetic files.
+
+The numbers here are made up for the test and live under pytest's tmp_path only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from flashref.recorded import backward_table, load_backward, load_training, training_summary
+
+STEPS = 60
+
+
+def _run(attention, seed, start, val):
+    loss = [start - 0.01 * i for i in range(STEPS)]
+    return {"attention": attention, "seed": seed, "loss": loss, "val_loss": val,
+            "first_step_s": 1.5, "s_per_step": 0.01}  # fmt: skip
+
+
+def _training():
+    meta = {"gpu": "a GPU", "driver": "1.0", "torch": "2.11", "cupy": "14", "date": "2026-12-01",
+            "model": {"n_layers": 4}, "steps": STEPS, "dtype": "bfloat16"}  # fmt: skip
+    runs = [_run("flashref", 0, 4.5, 2.1), _run("sdpa", 0, 4.52, 2.0), _run("sdpa", 1, 4.0, 2.5)]
+    return {"meta": meta, "runs": runs}
+
+
+def _write(tmp_path, data, name="f.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_training_file_and_summary(tmp_path):
+    meta, runs = load_training(_write(tmp_path, _training()))
+    assert meta["steps"] == STEPS and len(runs) == 3
+    s = training_summary(runs, window=10)
+    assert s["flashref"] is runs[0] and s["sdpa"] is runs[1] and s["other_seed"] is runs[2]
+    assert math.isclose(s["end_gap"], 0.02) and math.isclose(s["max_step_gap"], 0.02)
+    assert math.isclose(s["val_gap"], 0.1) and math.isclose(s["seed_val_gap"], 0.5)
+    assert math.isclose(s["seed_end_gap"], 0.52)
+
+
+def test_training_summary_without_another_seed(tmp_path):
+    data = _training()
+    data["runs"] = data["runs"][:2][::-1]  # the order of the runs does not matter
+    _, runs = load_training(_write(tmp_path, data))
+    s = training_summary(runs)
+    assert s["other_seed"] is None and "seed_val_gap" not in s
+    assert s["flashref"]["attention"] == "flashref"
+
+
+def _broken(change):
+    data = _training()
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("meta"), "has no 'meta'"),
+        (lambda d: d["meta"].pop("gpu"), r"meta has no 'gpu'"),
+        (lambda d: d["meta"].update(steps=True), r"meta\['steps'\] = True"),
+        (lambda d: d["runs"][1].pop("val_loss"), r"runs\[1\] has no 'val_loss'"),
+        (lambda d: d["runs"][0]["loss"].pop(), r"runs\[0\] has 59 losses; meta says 60"),
+        (lambda d: d["runs"][2]["loss"].__setitem__(7, "x"), r"runs\[2\]\['loss'\]\[7\]"),
+        (lambda d: d["runs"][0].update(val_loss=-1), "expected a number >= 0"),
+        (lambda d: d["runs"][1].update(seed=5), "no flashref run with an SDPA run"),
+    ],
+)
+def test_broken_training_files_are_named(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        load_training(_write(tmp_path, _broken(change)))
+
+
+def test_nan_is_not_a_measurement(tmp_path):
+    path = tmp_path / "nan.json"
+    data = _training()
+    data["runs"][0]["loss"][3] = math.nan
+    path.write_text(json.dumps(data))  # json writes NaN, which is not JSON
+    assert "NaN" in path.read_text()
+    with pytest.raises(ValueError, match="NaN is not a measurement"):
+        load_training(path)
+
+
+def _bwd_row(impl, version, N, tflops, direction="backward", causal=False):
+    return {"impl": impl, "direction": direction, "version": version, "dtype": "float16",
+            "d": 64, "causal": causal, "N": N, "B": 8, "H": 16, "ms": 1.0, "ms_min": 0.9,
+            "ms_max": 1.1, "tflops": tflops}  # fmt: skip
+
+
+def _backward():
+    rows = [
+        _bwd_row("flashref", 3, 4096, 240.0),
+        _bwd_row("sdpa_flash", None, 4096, 300.0),
+        _bwd_row("sdpa_cudnn", None, 4096, 480.0),
+        _bwd_row("flashref", 3, 16384, 150.0, causal=True),
+        _bwd_row("sdpa_flash", None, 16384, 200.0, causal=True),
+        _bwd_row("flashref", 18, 4096, 500.0, direction="forward"),
+    ]
+    return {"meta": {"gpu": "a GPU", "driver": "1.0", "date": "2026-12-01"}, "rows": rows}
+
+
+def test_backward_table(tmp_path):
+    meta, rows = load_backward(_write(tmp_path, _backward()))
+    lines = backward_table(rows)
+    assert lines[0] == "backward, TFLOP/s" and len(lines) == 4
+    assert lines[2].split() == ["float16", "64", "False", "4096", "3", "240", "300", "480",
+                                "0.80", "0.50"]  # fmt: skip
+    assert lines[3].split() == ["float16", "64", "True", "16384", "3", "150", "200", "-",
+                                "0.75", "-"]  # fmt: skip
+    forward = backward_table(rows, direction="forward")
+    assert len(forward) == 3 and forward[2].split()[-4:] == ["-", "-", "-", "-"]
+    with pytest.raises(ValueError, match="direction must be one of"):
+        backward_table(rows, direction="sideways")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["rows"][0].update(impl="v3"), r"rows\[0\]\['impl'\] = 'v3'"),
+        (lambda d: d["rows"][1].update(direction="up"), r"rows\[1\]\['direction'\] = 'up'"),
+        (lambda d: d["rows"][2].pop("version"), r"rows\[2\] has no 'version'"),
+        (lambda d: d["rows"][3].update(causal=1), r"rows\[3\]\['causal'\] = 1"),
+        (lambda d: d["rows"][4].update(tflops=None), r"rows\[4\]\['tflops'\] = None"),
+        (lambda d: d["meta"].pop("date"), "meta has no 'date'"),
+    ],
+)
+def test_broken_backward_files_are_named(tmp_path, change, message):
+    data = copy.deepcopy(_backward())
+    change(data)
+    with pytest.raises(ValueError, match=message):
+        load_backward(_write(tmp_path, data))
