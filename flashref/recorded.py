@@ -136,6 +136,24 @@ def load_backward(path):
     return data["meta"], data["rows"]
 
 
+def ratios_to_flash(rows, direction: str = "backward") -> list[tuple[dict, float]]:
+    """``(row, flashref TFLOP/s / SDPA FLASH TFLOP/s)`` for every flashref row measured in
+    ``direction`` that has a FLASH row of the same dtype, d, causal and N."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    flash = {
+        (r["dtype"], r["d"], r["causal"], r["N"]): r["tflops"]
+        for r in rows
+        if r["impl"] == "sdpa_flash" and r["direction"] == direction
+    }
+    out = []
+    for r in rows:
+        key = (r["dtype"], r["d"], r["causal"], r["N"])
+        if r["impl"] == "flashref" and r["direction"] == direction and key in flash:
+            out.append((r, r["tflops"] / flash[key]))
+    return out
+
+
 def backward_table(rows, direction: str = "backward") -> list[str]:
     """Lines of a table: flashref's TFLOP/s beside SDPA FLASH's and cuDNN's, and the ratios,
     for every (dtype, d, causal, N) and flashref version measured in ``direction``."""

@@ -11,7 +11,13 @@ import math
 
 import pytest
 
-from flashref.recorded import backward_table, load_backward, load_training, training_summary
+from flashref.recorded import (
+    backward_table,
+    load_backward,
+    load_training,
+    ratios_to_flash,
+    training_summary,
+)
 
 STEPS = 60
 
@@ -114,6 +120,9 @@ def test_backward_table(tmp_path):
                                 "0.80", "0.50"]  # fmt: skip
     assert lines[3].split() == ["float16", "64", "True", "16384", "3", "150", "200", "-",
                                 "0.75", "-"]  # fmt: skip
+    ratios = ratios_to_flash(rows)
+    assert [(r["N"], x) for r, x in ratios] == [(4096, 0.8), (16384, 0.75)]
+    assert ratios_to_flash(rows, "forward") == []  # no FLASH forward row to divide by
     forward = backward_table(rows, direction="forward")
     assert len(forward) == 3 and forward[2].split()[-4:] == ["-", "-", "-", "-"]
     with pytest.raises(ValueError, match="direction must be one of"):
