@@ -106,6 +106,15 @@ def test_backward_limits_are_checked_first(torch, fa):
         fa.attention(q, k, v)
 
 
+def test_grouped_heads_need_no_grad(torch, fa):
+    q = _t(torch, 1, 8, 4, 64, grad=True)
+    k, v = _t(torch, 1, 2, 4, 64), _t(torch, 1, 2, 4, 64)
+    with pytest.raises(ValueError, match="q has 8 heads and k, v have 2; flashref's backward"):
+        fa.attention(q, k, v)
+    with torch.no_grad(), pytest.raises(TypeError, match="on cpu"):  # the forward takes them
+        fa.attention(q, k, v)
+
+
 def test_shapes_and_flags(torch, fa):
     q, v = _t(torch, 2, 8, 64), _t(torch, 2, 8, 64)
     with pytest.raises(ValueError, match="k has shape"):
