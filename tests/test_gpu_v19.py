@@ -135,7 +135,9 @@ def _group(dtype: str, d: int) -> tuple[dict, str]:
     """{case key: result} of one child process, and what went wrong with it ('' if nothing)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), dtype, str(d)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE.parent
+        )
         out, err, trouble = proc.stdout, proc.stderr, "" if proc.returncode == 0 else (
             f"child exited with {proc.returncode}")  # fmt: skip
     except subprocess.TimeoutExpired as exc:
@@ -198,4 +200,5 @@ def test_v19_public_api(hopper, dtype, d):
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))  # the repository root: flashref without an install
     _child(sys.argv[1], int(sys.argv[2]))
