@@ -103,3 +103,11 @@ def test_recorded_files_carry_their_provenance():
     bench = json.loads((root / "gpu_bench.json").read_text())["meta"]
     for key in ("mma_sync_tflops", "wgmma_tflops", "l2_read_tbps", "hbm_copy_tbps"):
         assert bench["ceilings"]["roofs"][key] > 0, key
+
+
+def test_bench_gpu_refuses_unknown_versions_before_any_work(capsys):
+    from flashref.bench import gpu
+
+    with pytest.raises(SystemExit):
+        gpu.main(["--versions", "14", "99"])
+    assert "--versions must be among" in capsys.readouterr().err

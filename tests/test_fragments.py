@@ -203,7 +203,12 @@ def test_c_pairs_of_two_tiles_are_an_a_fragment():
 
 # every version that uses ldmatrix (3 to 11 today) must use the three patterns of the library
 LDSM_VERSIONS = [v for v in VERSIONS.values() if "ldmatrix" in v.path.read_text()]
-PACK_VERSIONS = [v for v in VERSIONS.values() if "pack_half2(s" in v.path.read_text()]
+# the Hopper versions (arch sm_90a) read shared memory through wgmma descriptors, not
+# ldmatrix, and hold S as one flat accumulator array: their P packing is checked apart
+HOPPER_VERSIONS = [v for v in VERSIONS.values() if v.arch]
+PACK_VERSIONS = [
+    v for v in VERSIONS.values() if "pack_half2(s" in v.path.read_text() and not v.arch
+]
 LDSM = re.compile(r"\b(ldsm_x4|ldsm_x4_trans)\(\s*(\w+)\s*\+")
 PACK = re.compile(
     r"\ba(?:\[mi\]\[)?(\d)\]? = pack_half2\(s(?:\[mi\])?\[2 \* kk( \+ 1)?\]\[(\d)\], "
@@ -294,8 +299,27 @@ def test_versions_3_to_11_are_checked():
 
 
 def test_every_tensor_core_version_is_checked():
-    tensor_core = {n for n, v in VERSIONS.items() if v.dtype != "float32"}
+    tensor_core = {n for n, v in VERSIONS.items() if v.dtype != "float32" and not v.arch}
     assert {v.number for v in LDSM_VERSIONS} == tensor_core
+    assert not {v.number for v in LDSM_VERSIONS} & {v.number for v in HOPPER_VERSIONS}
+
+
+# a Hopper version packs P as a[kk][r] = pack_half2(s[i], s[i']) over the flat accumulator
+# s[4 j + e] (wgmma's C layout: 8-column tile j, element e of the mma.sync C fragment)
+FLAT_PACK = re.compile(r"a\[kk\]\[r\] = pack_half2\(s\[([^\]]+)\], s\[([^\]]+)\]\)")
+
+
+@pytest.mark.parametrize("ver", HOPPER_VERSIONS, ids=lambda v: f"v{v.number}")
+def test_hopper_p_to_a_is_a_from_c(ver):
+    found = FLAT_PACK.findall(ver.path.read_text())
+    assert len(found) == 1, found
+    lo, hi = found[0]
+    for kk in range(4):
+        for r in range(4):
+            i_lo, i_hi = (eval(x, {}, {"kk": kk, "r": r}) for x in (lo, hi))  # noqa: S307
+            j, e_lo, e_hi = i_lo // 4, i_lo % 4, i_hi % 4
+            assert i_hi // 4 == j, (kk, r)
+            assert (j - 2 * kk, e_lo, e_hi) == fr.a_from_c(r), (kk, r)
 
 
 @pytest.mark.parametrize("ver", LDSM_VERSIONS, ids=lambda v: f"v{v.number}")

@@ -231,6 +231,29 @@ def test_capability_is_checked_before_compiling():
     fg._check_capability(fake_cp, fg.VERSIONS[1])  # plain CUDA: any GPU CuPy supports
 
 
+def test_hopper_version_runs_on_compute_9_0_only():
+    v19 = fg.VERSIONS[19]
+    assert v19.arch == "sm_90a" and v19.nvrtc_options() == ("-arch=sm_90a",)
+    assert fg.VERSIONS[14].nvrtc_options() == ()  # the other versions: CuPy's own -arch only
+    assert v19.runs_on((9, 0)) and not v19.runs_on((10, 0)) and not v19.runs_on((8, 9))
+    assert fg.VERSIONS[14].runs_on((10, 0))
+
+    class Blackwell:  # sm_90a code does not run on compute capability 10.0
+        compute_capability = "100"
+        id = 0
+
+    cuda = types.SimpleNamespace(
+        Device=lambda *a: Blackwell(),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"B200"}),
+    )
+    with pytest.raises(RuntimeError, match=r"version 19 .* built for sm_90a .* capability 9\.0 "
+                                           r"exactly; this GPU \(B200\) has 10\.0"):  # fmt: skip
+        fg._check_capability(types.SimpleNamespace(cuda=cuda), v19)
+    # Q (128, d), K and V (2 stages, Bc, d) of 16-bit elements, unpadded, + 1024 for alignment
+    assert v19.smem_bytes(64) == 2 * (128 + 4 * 128) * 64 + 1024
+    assert v19.smem_bytes(128) == 2 * (128 + 4 * 64) * 128 + 1024
+
+
 def test_default_versions_are_the_fastest_in_the_recorded_run():
     """PREFERENCE says what results/gpu_bench.json says: per (dtype, d, causal), the version
     with the highest median TFLOP/s over the sequence lengths of the recorded run."""

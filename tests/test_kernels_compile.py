@@ -22,7 +22,14 @@ pytestmark = pytest.mark.nvcc
 # resource report is printed like the others' (chapter 5 prints it too).
 KNOWN_SPILLS = {(13, 128), (16, 64), (17, 128)}
 
-CASES = [(ver, d, dt) for ver in VERSIONS.values() for dt in ver.dtypes for d in (64, 128)]
+# Versions for an architecture-specific target (sm_90a) have their own case below.
+CASES = [
+    (ver, d, dt)
+    for ver in VERSIONS.values()
+    if not ver.arch
+    for dt in ver.dtypes
+    for d in (64, 128)
+]
 
 
 def _compile(ver, d: int, dtype: str, tmp_path) -> str:
@@ -133,6 +140,36 @@ def test_hopper_kernels_compile_for_sm90a(name, defines, tmp_path):
     assert "C7510" not in report and "serialized" not in report, report  # wgmma not serialized
     if name == "probe_wgmma.cu":
         assert len(kernels) == 8, kernels
+
+
+HOPPER_VERSION_CASES = [
+    (ver, d, dt) for ver in VERSIONS.values() if ver.arch for dt in ver.dtypes for d in (64, 128)
+]
+
+
+@pytest.mark.parametrize(
+    "ver,d,dtype", HOPPER_VERSION_CASES,
+    ids=[f"v{v.number}-d{d}-{dt}" for v, d, dt in HOPPER_VERSION_CASES],
+)  # fmt: skip
+def test_hopper_version_compiles_for_sm90a(ver, d, dtype, tmp_path):
+    """The text NVRTC is given, for the version's own target: no spills, wgmma not serialized."""
+    assert ver.arch == "sm_90a"
+    src = tmp_path / ver.file
+    src.write_text(ver.source())
+    cmd, proc = _nvcc(src, SM90A, ver.defines(d, dtype), tmp_path)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{report}"
+    regs = re.search(r"Used (\d+) registers", report)
+    frame = re.search(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill", report
+    )
+    assert regs and frame, f"no resource report in nvcc output:\n{report}"
+    print(f"\nv{ver.number} {ver.file} d={d} {dtype}: {regs.group(1)} registers, "
+          f"{ver.smem_bytes(d)} bytes dynamic shared memory, stack {frame.group(1)} B, "
+          f"spill stores {frame.group(2)} B, spill loads {frame.group(3)} B")  # fmt: skip
+    assert frame.groups() == ("0", "0", "0"), report
+    assert int(regs.group(1)) * ver.threads <= 64 * 1024, report  # one block fits an SM
+    assert "C7510" not in report and "serialized" not in report, report
 
 
 def test_hopper_header_refuses_plain_sm90(tmp_path):

@@ -1,7 +1,8 @@
 """GPU benchmark: every flashref.gpu version beside naive CuPy and torch SDPA backends.
 
     python -m flashref.bench gpu [--quick] [--d 64 128] [--n 1024 4096] [--rounds 5]
-                                 [--dtypes float16 bfloat16] [--out PATH]
+                                 [--dtypes float16 bfloat16] [--versions 14 17 19]
+                                 [--no-cold] [--out PATH]
 
 Shapes (B, H, N, d) with H = 16 and B = max(1, 2*16384 // N), so every N does about the same
 number of query rows; forward pass only. fp16 and bf16 runs feed the tensor-core versions and
@@ -244,6 +245,14 @@ def _impls(ctx, d, N, causal, dtype, inputs):
         vdt = dtype if dtype in ver.dtypes else ("float32" if dtype == "float16" else None)
         if d not in ver.head_dims or vdt is None or vdt not in ver.dtypes:
             continue
+        if ctx.get("versions") and ver.number not in ctx["versions"]:
+            continue
+        if not ver.runs_on(ctx["cc"]):
+            label = f"v{ver.number} {ver.name}: {ver.summary}"
+            cc = f"{ver.min_cc[0]}.{ver.min_cc[1]}"
+            why = f"needs compute capability {cc} ({ver.arch or 'or higher'})"
+            out.append((f"v{ver.number}", label, "flashref", ver.number, vdt, None, None, why))
+            continue
         q, k, v = inputs[vdt]
         O = cp.empty(q.shape, dtype=q.dtype)
         lse = cp.empty(q.shape[:-1], dtype=cp.float32)
@@ -350,7 +359,9 @@ def run(args) -> dict:
     print(f"{meta['gpu']}, driver {meta['driver']}, CUDA runtime {meta['cuda_runtime']}, "
           f"CuPy {meta['cupy']}, torch {meta['torch']}; mma.sync {r['mma_sync_tflops']:.0f} "
           f"TFLOP/s, copy {r['hbm_copy_tbps']:.2f} TB/s", file=sys.stderr)  # fmt: skip
-    ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel}
+    cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
+    ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
+           "versions": args.versions, "cc": cc}  # fmt: skip
     rows = []
     Ns = args.n or (QUICK_N if args.quick else DEFAULT_N)
     rng = cp.random.default_rng(0)
@@ -379,7 +390,9 @@ def run(args) -> dict:
                 del inputs, x32
                 cp.get_default_memory_pool().free_all_blocks()
     meta["sm_clock_during_benchmark"] = clock.summary()
-    cold = [] if args.no_cold else cold_calls([n for n in VERSIONS])
+    numbers = [n for n, v in VERSIONS.items() if v.runs_on(cc)]
+    numbers = [n for n in numbers if not args.versions or n in args.versions]
+    cold = [] if args.no_cold else cold_calls(numbers)
     return {"meta": meta, "rows": rows, "cold": cold}
 
 
@@ -444,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("float16", "bfloat16"), help="16-bit input dtypes to run",
     )  # fmt: skip
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-call subprocesses")
+    parser.add_argument("--versions", type=int, nargs="+",
+                        help="only these kernel versions (the baselines always run)")  # fmt: skip
     parser.add_argument("--backward", action="store_true",
                         help="run only the backward benchmark (flashref.bench.backward; "
                              "--backward --help for its options)")  # fmt: skip
@@ -451,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    from flashref.gpu.versions import VERSIONS
+
+    if args.versions and not set(args.versions) <= set(VERSIONS):
+        parser.error(f"--versions must be among {sorted(VERSIONS)}, got {args.versions}")
     result = run(args)
     print_table(result)
     write_json(result, args.out)

@@ -102,8 +102,14 @@ def _check_capability(cp, ver: Version) -> None:
     """The version's instructions must exist on this GPU: a clear error, not an NVRTC failure."""
     dev = cp.cuda.Device()
     cc = tuple(int(c) for c in divmod(int(dev.compute_capability), 10))
-    if cc < ver.min_cc:
+    if not ver.runs_on(cc):
         name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+        if ver.arch:
+            raise RuntimeError(
+                f"version {ver.number} ({ver.name}) is built for {ver.arch} and needs compute "
+                f"capability {ver.min_cc[0]}.{ver.min_cc[1]} exactly; this GPU ({name}) has "
+                f"{cc[0]}.{cc[1]}"
+            )
         raise RuntimeError(
             f"version {ver.number} ({ver.name}) needs compute capability "
             f"{ver.min_cc[0]}.{ver.min_cc[1]} or higher; this GPU ({name}) has {cc[0]}.{cc[1]}"

@@ -31,13 +31,42 @@ def get_function(ver, d: int, dtype: str | None = None):
     key = (ver.number, d, dtype, cp.cuda.Device().id)
     fn = _functions.get(key)
     if fn is None:
-        module = cp.RawModule(code=ver.source(), options=(*NVRTC_OPTIONS, *ver.defines(d, dtype)))
+        options = (*NVRTC_OPTIONS, *ver.nvrtc_options(), *ver.defines(d, dtype))
+        module = cp.RawModule(code=ver.source(), options=options)
         fn = module.get_function(ver.kernel)
         smem = ver.smem_bytes(d)
         if smem > DEFAULT_SMEM:
             fn.max_dynamic_shared_size_bytes = smem
         _functions[key] = fn
     return fn
+
+
+_MAPS_KEPT = 64  # tensor maps cached (a map holds only an address, a shape and a box)
+_maps: dict[tuple, object] = {}
+
+
+def tensor_map_of(x2, box_rows: int):
+    """The TMA descriptor of the 2-D array ``x2`` with a (box_rows, 64) box, cached.
+
+    The descriptor depends only on the address, shape, strides, dtype and box, so a cached
+    one is exactly what a new call would make for the same key.
+    """
+    from .hopper import tensor_map
+
+    key = (x2.data.ptr, x2.shape, x2.strides, str(x2.dtype), box_rows, cp.cuda.Device().id)
+    m = _maps.get(key)
+    if m is None:
+        if len(_maps) >= _MAPS_KEPT:
+            _maps.pop(next(iter(_maps)))  # the oldest
+        m = _maps[key] = tensor_map(x2, box_rows)
+    return m
+
+
+def _tma_args(ver, q3, k3, v3, d: int) -> tuple:
+    """(qmap, kmap, vmap) over (B*H*N, d) views: Q boxes of 64 rows, K and V of Bc rows."""
+    return (tensor_map_of(q3.reshape(-1, d), 64),
+            tensor_map_of(k3.reshape(-1, d), ver.Bc(d)),
+            tensor_map_of(v3.reshape(-1, d), ver.Bc(d)))  # fmt: skip
 
 
 def _as_kernel_input(x, shape):
@@ -76,11 +105,12 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     Tr = (Nq + ver.Br - 1) // ver.Br
     for b0 in range(0, BH, MAX_GRID_Y):
         b1 = min(BH, b0 + MAX_GRID_Y)
+        maps = _tma_args(ver, q3[b0:b1], k3[b0:b1], v3[b0:b1], d) if ver.tma else ()
         fn(
             (Tr, b1 - b0),
             (ver.threads,),
             (q3[b0:b1], k3[b0:b1], v3[b0:b1], O3[b0:b1], lse2[b0:b1],
-             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal)),
+             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps),
             shared_mem=smem,
         )  # fmt: skip
 

@@ -177,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [((2, 70), (2, 100))] if args.small else [((2, 3, 70), (2, 3, 100)),
                                                        ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0
+    cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
     for ver in VERSIONS.values():
         if args.versions and ver.number not in args.versions:
+            continue
+        if not ver.runs_on(cc):
+            print(f"v{ver.number}: skipped, needs compute capability "
+                  f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip
             continue
         for dtype, d, causal in ((t, d, c) for t in ver.dtypes for d in (64, 128) for c in (0, 1)):
             causal = bool(causal)

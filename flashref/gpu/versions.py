@@ -36,6 +36,8 @@ class Version:
     bc128: int = 64  # ... and at d = 128
     kv_buffers: int = 2  # shared-memory buffers each of K and V
     padded: bool = True  # shared-memory rows of d + 8 halves
+    arch: str | None = None  # an architecture-specific target ("sm_90a"): that GPU only
+    tma: bool = False  # takes the TMA descriptors of Q, K, V after the common arguments
 
     @property
     def dtype(self) -> str:
@@ -59,6 +61,8 @@ class Version:
             return 4 * (32 * (d + 1) + 2 * 32 * d + 32 * 33)
         if self.number == 2:  # Q, K (64, d+1), V (64, d), S (64, 65), m, l, alpha (64,)
             return 4 * (2 * 64 * (d + 1) + 64 * d + 64 * 65 + 3 * 64)
+        if self.tma:  # Q (Br, d), K and V (kv_buffers, Bc, d), unpadded; + 1024-byte alignment
+            return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * d + 1024
         row = d + 8 if self.padded else d  # halves per shared-memory row
         return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * row
 
@@ -72,6 +76,14 @@ class Version:
 
     def defines(self, d: int, dtype: str) -> tuple[str, ...]:
         return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
+
+    def nvrtc_options(self) -> tuple[str, ...]:
+        """Options beyond the common ones: the architecture-specific target, if any."""
+        return (f"-arch={self.arch}",) if self.arch else ()
+
+    def runs_on(self, cc: tuple[int, int]) -> bool:
+        """Whether a GPU of compute capability ``cc`` (major, minor) has its instructions."""
+        return cc == self.min_cc if self.arch else cc >= self.min_cc
 
 
 _FP32 = ("float32",)
@@ -133,6 +145,10 @@ VERSIONS: dict[int, Version] = {
         Version(18, "br256", _TC, _TC_DIMS,
                 "v14 with 8 warps and Br = 256: half the L2 traffic for K and V",
                 "v18_br256.cu", 256, 256, bc64=128, bc128=64),
+        Version(19, "wgmma", _TC, _TC_DIMS,
+                "Hopper: wgmma for both products, K/V by TMA into 2 mbarrier stages, Br = 128",
+                "v19_wgmma.cu", 128, 256, min_cc=(9, 0), bc64=128, bc128=64, arch="sm_90a",
+                tma=True),
     )
 }  # fmt: skip
 

@@ -1,0 +1,204 @@
+"""Version 19 (wgmma, TMA, mbarriers; sm_90a) against float64, in child processes.
+
+The cases of tests/test_gpu.py (its shapes, inputs, float64 reference, same-precision naive
+baseline and 2x-naive tolerance, NaN-poisoned outputs, lse, bitwise repeatability), for fp16
+and bf16 at d = 64 and 128, causal and not. An illegal instruction poisons the CUDA context of
+a process and a barrier waited on with the wrong parity hangs, so each (dtype, d) runs in its
+own process with a timeout (``python tests/test_gpu_v19.py DTYPE D``), printing one JSON line
+per case as it finishes; a case whose line never came names the one that crashed or hung.
+Skipped unless the GPU has compute capability 9.0.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+NUMBER = 19
+TIMEOUT_S = 60
+HERE = Path(__file__).resolve().parent
+GROUPS = [(dt, d) for dt in ("float16", "bfloat16") for d in (64, 128)]
+REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
+
+
+def _shapes():
+    sys.path.insert(0, str(HERE))
+    import test_gpu
+
+    return test_gpu.SHAPES
+
+
+CASES = [(lead, Nq, Nk, c) for lead, Nq, Nk in _shapes() for c in (False, True)]
+
+
+# ------------------------------------------------------------------ the child process
+
+
+def _worst(out, ref) -> dict:
+    """The element with the largest absolute error (NaN first), for the failure message."""
+    diff = np.abs(out.astype(np.float64) - ref)
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    i = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    return {"index": [int(x) for x in i], "got": float(out[i]), "want": float(ref[i])}
+
+
+def _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal) -> dict:
+    import test_gpu as base
+
+    from flashref.gpu.tolerances import LSE_TOL, tolerance
+
+    q, k, v, ref, ref_lse = base._case(dtype, tuple(lead), Nq, Nk, d, causal)
+    O, lse = base._run(cp, ver, q, k, v, causal)
+    out, got_lse = cp.asnumpy(O), cp.asnumpy(lse)
+    naive = base._naive_same_precision(cp, cp.asarray(q), cp.asarray(k), cp.asarray(v), causal)
+    naive_err = base._rel_err(cp.asnumpy(naive), ref)
+    lse_err = np.abs(got_lse.astype(np.float64) - ref_lse) / (1 + np.abs(ref_lse))
+    lse_err = np.where(np.isnan(lse_err), np.inf, lse_err)
+    j = np.unravel_index(int(np.argmax(lse_err)), lse_err.shape)
+    return {
+        "O_nan": int(np.isnan(out).sum()), "lse_nan": int(np.isnan(got_lse).sum()),
+        "err": base._rel_err(out, ref), "naive_err": naive_err, "tol": tolerance(dtype, naive_err),
+        "worst": _worst(out, ref), "lse_err": float(lse_err.max()), "lse_tol": LSE_TOL,
+        "lse_worst": {"index": [int(x) for x in j], "got": float(got_lse[j]),
+                      "want": float(ref_lse[j])},
+    }  # fmt: skip
+
+
+def _child(dtype: str, d: int) -> None:
+    sys.path.insert(0, str(HERE))
+    import test_gpu as base
+
+    from flashref.gpu import VERSIONS, _require_gpu
+
+    cp = _require_gpu()
+    if dtype == "bfloat16":
+        import ml_dtypes  # noqa: F401
+    ver = VERSIONS[NUMBER]
+    for lead, Nq, Nk, causal in CASES:
+        res = _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal)
+        print(json.dumps({"case": [list(lead), Nq, Nk, causal], **res}), flush=True)
+    lead, Nq, Nk, causal = REPEAT
+    q, k, v, _, _ = base._case(dtype, lead, Nq, Nk, d, causal)
+    (O1, lse1), (O2, lse2) = (base._run(cp, ver, q, k, v, causal) for _ in range(2))
+    O1, O2 = cp.asnumpy(O1), cp.asnumpy(O2)
+    same_lse = cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
+    differ = int((O1.view(np.uint16) != O2.view(np.uint16)).sum())
+    print(json.dumps({"case": "repeat", "O_bits_differ": differ, "lse_same": same_lse}), flush=True)
+    print(json.dumps({"case": "api", **_check_api(cp, dtype, d)}), flush=True)
+
+
+def _check_api(cp, dtype: str, d: int) -> dict:
+    """flash_attention(version=19): a transposed (non-contiguous) q, a negative scale, Nk = 0."""
+    from flashref import naive_attention
+    from flashref.gpu import flash_attention
+    from flashref.gpu.selfcheck import host_dtype
+
+    x = np.random.default_rng(d).standard_normal((2, 50, 3, d)).astype(np.float32)
+    x = x.astype(host_dtype(dtype))  # (B, N, H, d)
+    q = cp.asarray(x).transpose(0, 2, 1, 3)  # (B, H, N, d), not contiguous
+    x64 = x.astype(np.float64).transpose(0, 2, 1, 3)
+    errs = {}
+    for scale in (-0.3, 0.05):
+        O = flash_attention(q, q, q, scale=scale, version=NUMBER)
+        ref = naive_attention(x64, x64, x64, scale=scale)
+        errs[str(scale)] = float(np.linalg.norm(cp.asnumpy(O).astype(np.float64) - ref)
+                                 / np.linalg.norm(ref))  # fmt: skip
+    empty = cp.zeros((2, 3, 0, d), dtype=q.dtype)
+    O, lse = flash_attention(q, empty, empty, version=NUMBER, return_lse=True)
+    no_keys = bool((cp.asnumpy(O) == 0).all() and np.isneginf(cp.asnumpy(lse)).all())
+    return {"errs": errs, "no_keys_zeros_and_neg_inf": no_keys}
+
+
+# ------------------------------------------------------------------ the tests
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    from flashref.gpu import _require_gpu
+
+    cp = _require_gpu()
+    cc = cp.cuda.Device().compute_capability
+    if cc != "90":
+        pytest.skip(f"version {NUMBER} needs compute capability 9.0 (sm_90a); this GPU is {cc}")
+
+
+@functools.cache
+def _group(dtype: str, d: int) -> tuple[dict, str]:
+    """{case key: result} of one child process, and what went wrong with it ('' if nothing)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), dtype, str(d)]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE.parent
+        )
+        out, err, trouble = proc.stdout, proc.stderr, "" if proc.returncode == 0 else (
+            f"child exited with {proc.returncode}")  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        trouble = f"child timed out after {TIMEOUT_S} s (a hang: an mbarrier never completed?)"
+    results = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            results[json.dumps(row.pop("case"))] = row
+    if trouble:
+        trouble += f"; stderr tail:\n{err[-3000:]}"
+    return results, trouble
+
+
+def _result(dtype, d, key):
+    results, trouble = _group(dtype, d)
+    if key not in results:
+        pytest.fail(f"v{NUMBER} {dtype} d={d}: no result for case {key}: {trouble or 'missing'}")
+    return results[key]
+
+
+@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
+                                                          for c in CASES])  # fmt: skip
+@pytest.mark.parametrize("dtype,d", GROUPS, ids=[f"{dt}-d{d}" for dt, d in GROUPS])
+def test_v19_matches_float64(hopper, dtype, d, lead, Nq, Nk, causal):
+    r = _result(dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
+    what = f"v{NUMBER} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal}"
+    assert r["O_nan"] == 0, (
+        f"{what}: {r['O_nan']} elements of O are NaN (unwritten?), e.g. {r['worst']}"
+    )
+    assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
+    assert r["err"] <= r["tol"], (
+        f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "
+        f"{r['naive_err']:.3e}); largest error at {r['worst']}"
+    )
+    assert r["lse_err"] <= r["lse_tol"], (
+        f"{what}: lse rel err {r['lse_err']:.3e} > {r['lse_tol']:.1e} at {r['lse_worst']}"
+    )
+
+
+@pytest.mark.parametrize("dtype,d", GROUPS, ids=[f"{dt}-d{d}" for dt, d in GROUPS])
+def test_v19_same_inputs_same_bits(hopper, dtype, d):
+    r = _result(dtype, d, json.dumps("repeat"))
+    assert r["O_bits_differ"] == 0 and r["lse_same"], f"v{NUMBER} {dtype} d={d} {REPEAT}: {r}"
+
+
+@pytest.mark.parametrize("dtype,d", GROUPS, ids=[f"{dt}-d{d}" for dt, d in GROUPS])
+def test_v19_public_api(hopper, dtype, d):
+    from flashref.gpu.tolerances import CEILING
+
+    r = _result(dtype, d, json.dumps("api"))
+    for scale, err in r["errs"].items():
+        assert err <= CEILING[dtype], (
+            f"v{NUMBER} {dtype} d={d} q (2, 3, 50, {d}) transposed, scale {scale}: "
+            f"rel err {err:.3e} > ceiling {CEILING[dtype]:.1e}"
+        )
+    assert r["no_keys_zeros_and_neg_inf"], f"v{NUMBER} {dtype} d={d} Nk = 0: {r}"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))  # the repository root: flashref without an install
+    _child(sys.argv[1], int(sys.argv[2]))
