@@ -153,3 +153,12 @@ def test_backward_table_shows_ratios_to_both_baselines(capsys):
     assert "flashref bwd1 " in text and "150.0 (0.50/0.30)" in text  # 150/300, 150/500
     assert "flashref fwd v14 " in text and "240.0 (0.80/-)" in text  # no cuDNN forward row
     assert "sdpa_flash bwd " in text and "sdpa_flash fwd " in text
+
+
+def test_backward_versions_answer_the_capability_check():
+    # flashref.gpu's capability check asks every version runs_on(cc) and its arch
+    from flashref.gpu import BWD_VERSIONS
+
+    for ver in BWD_VERSIONS.values():
+        assert ver.arch is None
+        assert ver.runs_on((9, 0)) and ver.runs_on((8, 0)) and not ver.runs_on((7, 5))

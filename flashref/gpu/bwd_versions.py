@@ -46,10 +46,15 @@ class BwdVersion:
     dtypes: tuple[str, ...] = ("float16", "bfloat16")
     head_dims: tuple[int, ...] = (64, 128)
     min_cc: tuple[int, int] = (8, 0)  # mma.sync m16n8k16 bf16, cp.async, ldmatrix
+    arch: str | None = None  # no backward version needs an architecture-specific target
 
     @property
     def kernel(self) -> str:
         return f"flash_bwd{self.number}"
+
+    def runs_on(self, cc: tuple[int, int]) -> bool:
+        """Whether a GPU of compute capability ``cc`` (major, minor) has its instructions."""
+        return cc >= self.min_cc
 
     @property
     def path(self) -> Path:
