@@ -5,6 +5,7 @@ backward registry is complete. Runs everywhere (CuPy's absence is simulated)."""
 from __future__ import annotations
 
 import builtins
+import json
 import re
 import sys
 
@@ -116,7 +117,7 @@ def test_backward_registry_is_complete():
             assert f"{ver.dq_kernel}(" in text and "atomicAdd" not in text and "red_add" not in text
             assert ver.dq_smem_bytes(128) <= 227 * 1024
         else:
-            assert ("atomicAdd(" in text or "red_add_v2(" in text) and ver.dq_kernel is None
+            assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
         assert '#include "' not in ver.source()  # headers pasted in, as NVRTC is given it
         defines = dict(re.findall(r"^#define (NWARPS|Br|Bc) (.+?)\s+//", text, re.MULTILINE))
@@ -162,3 +163,94 @@ def test_backward_versions_answer_the_capability_check():
     for ver in BWD_VERSIONS.values():
         assert ver.arch is None
         assert ver.runs_on((9, 0)) and ver.runs_on((8, 0)) and not ver.runs_on((7, 5))
+
+
+def test_backward_profile_plan_is_every_version_at_both_head_dims():
+    from flashref.bench import profile
+
+    plan = profile.backward_plan()
+    want = [(f"bwd{n}", d) for d in (64, 128) for n in fg.BWD_VERSIONS]
+    assert [(c["impl"], c["d"]) for c in plan] == want
+    assert all(c["dtype"] == "float16" and not c["causal"] for c in plan)
+    assert all((c["B"], c["H"], c["N"]) == (8, 16, 4096) for c in plan)
+    assert [c["impl"] for c in profile.backward_plan(only=[4, 5])] == ["bwd4", "bwd5"] * 2
+
+
+LISTING = """\
+Device NVIDIA H200 (GH100)
+------------------------------------------------ ---------- ------ ------------------------
+Metric Name                                      Metric Type Metric Unit Metric Description
+lts__t_sectors_op_red                            Counter    sector # of LTS sectors for reductions
+smsp__warps_active                               Counter    warp   # of warps active
+"""
+
+
+def test_available_metrics_keeps_only_names_ncu_lists():
+    from flashref.bench.profile import available_metrics
+
+    want = ["lts__t_sectors_op_red.sum", "smsp__warps_active.avg.per_cycle_active",
+            "smsp__inst_executed_op_global_red.sum"]  # fmt: skip
+    have, missing = available_metrics(want, LISTING)
+    assert have == want[:2] and missing == want[2:]
+    assert available_metrics(want, "") == ([], want)  # an empty listing keeps nothing
+
+
+def test_profile_backward_asks_ncu_and_writes_every_case(monkeypatch, tmp_path, capsys):
+    import shutil
+    import subprocess
+
+    from flashref.bench import profile
+
+    seen = {}
+
+    def fake_profile(plan, metrics):
+        seen["metrics"] = metrics
+        return [{**c, "kernels": 3, "lts__t_sectors_op_red.sum": 2e6} for c in plan]
+
+    def fake_run(cmd, **kwargs):
+        assert cmd == ["ncu", "--query-metrics"], cmd
+        return subprocess.CompletedProcess(cmd, 0, LISTING, "")
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
+    monkeypatch.setattr(fg, "_require_gpu", lambda: None)
+    monkeypatch.setattr(profile, "_meta", lambda cp: {"gpu": "a GPU"})
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    monkeypatch.setattr(profile, "profile", fake_profile)
+    out = tmp_path / "bwd.json"
+    assert profile.main(["--backward", "--versions", "5", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["impl"] for r in doc["rows"]] == ["bwd5", "bwd5"]
+    assert "lts__t_sectors_op_red.sum" in seen["metrics"]
+    assert "smsp__inst_executed_op_global_red.sum" not in seen["metrics"]
+    assert "smsp__inst_executed_op_global_red.sum" in doc["meta"]["metrics_missing"]
+    assert set(profile.NCU_METRICS) <= set(doc["meta"]["metrics"])
+    assert "L2 red sectors 2.0 M" in capsys.readouterr().out
+
+
+def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypatch, tmp_path):
+    import shutil
+    import subprocess
+
+    from flashref.bench import profile
+
+    calls = []
+
+    def fake_profile(plan, metrics):
+        calls.append(metrics)
+        if len(calls) == 1:
+            raise RuntimeError("ncu failed (1): unknown metric")
+        return [{**c, "kernels": 3} for c in plan]
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
+    monkeypatch.setattr(fg, "_require_gpu", lambda: None)
+    monkeypatch.setattr(profile, "_meta", lambda cp: {})
+    monkeypatch.setattr(
+        profile.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no")
+    )
+    monkeypatch.setattr(profile, "profile", fake_profile)
+    out = tmp_path / "bwd.json"
+    assert profile.main(["--backward", "--out", str(out)]) == 0
+    assert calls == [profile.NCU_METRICS, profile.NCU_METRICS]  # a failed query: none extra
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["metrics_missing"] == list(profile.BWD_METRICS)
+    assert len(doc["rows"]) == 2 * len(fg.BWD_VERSIONS)

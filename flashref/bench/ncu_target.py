@@ -3,13 +3,14 @@
     python -m flashref.bench.ncu_target PLAN.json
 
 PLAN is a list of cases ``{"impl", "d", "N", "B", "H", "causal", "dtype"}``; ``impl`` is
-``vN`` (a flashref version), ``naive_cupy`` (matmul, softmax, matmul in CuPy) or
-``sdpa_flash`` / ``sdpa_cudnn`` (torch SDPA with that backend forced). Every case is run once
-outside the profiled range first (compilation, module load, cuBLAS and cuDNN set-up), then,
-inside ``cudaProfilerStart`` / ``cudaProfilerStop``, each case once, preceded by a tiny
-marker kernel launched with ``case index + 1`` blocks. The profiler records every kernel in
-the range; the markers tell which kernels belong to which case (naive CuPy and SDPA launch
-several).
+``vN`` (a flashref version), ``bwdN`` (backward version N: its three kernels, on the default
+forward's O and lse and a random dO made beforehand), ``naive_cupy`` (matmul, softmax, matmul
+in CuPy) or ``sdpa_flash`` / ``sdpa_cudnn`` (torch SDPA with that backend forced). Every case
+is run once outside the profiled range first (compilation, module load, cuBLAS and cuDNN
+set-up), then, inside ``cudaProfilerStart`` / ``cudaProfilerStop``, each case once, preceded
+by a tiny marker kernel launched with ``case index + 1`` blocks. The profiler records every
+kernel in the range; the markers tell which kernels belong to which case (naive CuPy, SDPA
+and the backward launch several).
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ def make_call(cp, case: dict, inputs):
     """A function that runs ``case`` once on ``inputs`` (q, k, v as CuPy arrays)."""
     impl, causal = case["impl"], case["causal"]
     q, k, v = inputs
+    if impl.startswith("bwd"):
+        from ..gpu import BWD_VERSIONS, flash_attention
+        from ..gpu.backward import launch_backward
+
+        ver = BWD_VERSIONS[int(impl[3:])]
+        O, lse = flash_attention(q, k, v, causal=causal, return_lse=True)  # (..., N, d), (..., N)
+        dO = cp.random.default_rng(1).standard_normal(q.shape, dtype=cp.float32).astype(q.dtype)
+        dq, dk, dv = (cp.empty(x.shape, dtype=q.dtype) for x in (q, k, v))
+        scale = 1 / math.sqrt(q.shape[-1])
+        return lambda: launch_backward(ver, q, k, v, O, lse, dO, dq, dk, dv,
+                                       causal=causal, scale=scale)  # fmt: skip
     if impl.startswith("v"):
         from ..gpu import VERSIONS
         from ..gpu._launch import launch

@@ -2,6 +2,7 @@
 
     python -m flashref.bench profile [--out results/gpu_profile.json]
                                      [--io-out results/gpu_io.json] [--quick]
+    python -m flashref.bench profile --backward [--out results/gpu_backward_profile.json]
 
 Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice:
 
@@ -15,6 +16,13 @@ Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice
    and SDPA's FLASH backend at N = 1k to 16k (d = 64, H = 16, B = 2 * 16384 / N), and the
    shape of the FlashAttention paper's Figure 2 (N = 1024, d = 64, H = 16, B = 64). Written
    to ``--io-out``: DRAM and L2 bytes and kernel time summed over all kernels of one call.
+
+3. **Backward** (``--backward``, instead of 1 and 2): every backward version once at the same
+   shape, d = 64 and 128, fp16, not causal, into ``--out`` (``results/gpu_backward_profile.json``
+   by default): the counters of 1 plus those that say what dQ's atomics cost (reduction
+   sectors at L2, reduction requests and instructions at L1) and how many warps each scheduler
+   holds and finds eligible. ``ncu --query-metrics`` is asked first; a name it does not list
+   is left out of the run and named under ``meta.metrics_missing``.
 
 Clocks are not locked (``--clock-control none``): the counters are read at the clocks the
 GPU chooses, the same as in the benchmark. Without ``ncu`` on PATH this says so and exits 0.
@@ -53,6 +61,19 @@ NCU_METRICS = (
     "launch__grid_size",
     "sm__cycles_elapsed.avg.per_second",
 )
+# the backward's extra counters: dQ's float32 reductions (red.global) at L2 and L1, and the
+# warps per scheduler (active, eligible); filtered by what this ncu lists (available_metrics)
+BWD_METRICS = (
+    "lts__t_sectors_op_red.sum",
+    "lts__t_requests_op_red.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_red.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum",
+    "smsp__inst_executed_op_global_red.sum",
+    "smsp__warps_active.avg.per_cycle_active",
+    "smsp__warps_eligible.avg.per_cycle_active",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+)
 # summed over the kernels of one call (a naive or SDPA call launches several)
 ADDITIVE = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
             "lts__t_bytes.sum", "smsp__inst_executed.sum")  # fmt: skip
@@ -75,6 +96,24 @@ def version_plan(quick: bool = False, only=None) -> list[dict]:
     return plan
 
 
+def backward_plan(only=None) -> list[dict]:
+    """Every backward version (or those in ``only``) at PROFILE_SHAPE, d = 64 and 128, fp16."""
+    from ..gpu import BWD_VERSIONS
+
+    return [{"impl": f"bwd{ver.number}", "d": d, "causal": False, "dtype": "float16",
+             **PROFILE_SHAPE}
+            for d in (64, 128) for ver in BWD_VERSIONS.values()
+            if d in ver.head_dims and (not only or ver.number in only)]  # fmt: skip
+
+
+def available_metrics(wanted, listing: str) -> tuple[list[str], list[str]]:
+    """Split ``wanted`` into the names whose base (before the first '.') is a metric in
+    ``listing`` (the text ``ncu --query-metrics`` prints, one metric a line) and the rest."""
+    known = {ln.split()[0] for ln in listing.splitlines() if re.match(r"[a-z0-9]+__\w+\s", ln)}
+    have = [m for m in wanted if m.split(".")[0] in known]
+    return have, [m for m in wanted if m not in have]
+
+
 def io_plan(quick: bool = False) -> list[dict]:
     plan = []
     for N in (4096,) if quick else IO_NS:
@@ -95,14 +134,14 @@ def _number(text: str):
         return text or None
 
 
-def run_ncu(plan: list[dict], workdir: Path) -> list[dict]:
+def run_ncu(plan: list[dict], workdir: Path, metrics=NCU_METRICS) -> list[dict]:
     """Profile ``plan``; return one dict of metrics per kernel, in launch order."""
     plan_path, log = workdir / "plan.json", workdir / "ncu.csv"
     plan_path.write_text(json.dumps(plan))
     cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
            "--page", "raw", "--print-units", "base", "--log-file", str(log),
            *(a for s in NCU_SECTIONS for a in ("--section", s)),
-           "--metrics", ",".join(NCU_METRICS),
+           "--metrics", ",".join(metrics),
            sys.executable, "-m", "flashref.bench.ncu_target", str(plan_path)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -128,14 +167,14 @@ def group_by_case(kernels: list[dict], n_cases: int) -> list[list[dict]]:
     return groups
 
 
-def summarise(kernels: list[dict]) -> dict:
+def summarise(kernels: list[dict], metrics=NCU_METRICS) -> dict:
     """One case's counters: additive ones summed; the rest from its longest kernel."""
     if not kernels:
         return {"kernels": 0}
     main = max(kernels, key=lambda k: k.get("gpu__time_duration.sum") or 0)
     names = [str(k.get("Kernel Name"))[:80] for k in kernels]
     out = {"kernels": len(kernels), "kernel_names": names}
-    for name in NCU_METRICS:
+    for name in metrics:
         if name in ADDITIVE:
             out[name] = sum(float(k.get(name) or 0) for k in kernels)
         elif isinstance(main.get(name), float):
@@ -254,16 +293,60 @@ def _meta(cp) -> dict:
     }
 
 
-def profile(plan: list[dict]) -> list[dict]:
+def profile(plan: list[dict], metrics=NCU_METRICS) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
-        kernels = run_ncu(plan, Path(tmp))
+        kernels = run_ncu(plan, Path(tmp), metrics)
     groups = group_by_case(kernels, len(plan))
-    return [{**case, **summarise(g)} for case, g in zip(plan, groups, strict=True)]
+    return [{**case, **summarise(g, metrics)} for case, g in zip(plan, groups, strict=True)]
+
+
+def print_cases(cases: list[dict]) -> None:
+    for c in cases:
+        dram = (c.get("dram__bytes_read.sum", 0) + c.get("dram__bytes_write.sum", 0)) / 1e6
+        l2 = c.get("lts__t_bytes.sum", 0) / 1e9
+        tp = c.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
+        red = c.get("lts__t_sectors_op_red.sum")
+        print(f"  {c['impl']:12s} d={c['d']:3d} N={c['N']:5d} B={c['B']:3d}: "
+              f"{c['kernels']} kernel(s), DRAM {dram:9.1f} MB, L2 {l2:7.2f} GB, "
+              f"tensor pipe {tp if tp is None else round(tp, 1)}%"
+              + ("" if red is None else f", L2 red sectors {red / 1e6:.1f} M"))  # fmt: skip
+
+
+def backward_main(args, meta: dict) -> int:
+    """``--backward``: every backward version's counters into ``args.out``."""
+    query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
+    # a failed query lists nothing: the extra counters are then all left out
+    extra, missing = available_metrics(BWD_METRICS, query.stdout if query.returncode == 0 else "")
+    metrics = (*NCU_METRICS, *extra)
+    out = args.out or Path("results/gpu_backward_profile.json")
+    plan = backward_plan(args.versions)
+    try:
+        cases = profile(plan, metrics)
+    except RuntimeError as err:  # ncu refused a listed name: once more with the forward's set
+        print(f"ncu failed with the backward's counters, again without them:\n{err}")
+        missing, metrics = list(BWD_METRICS), NCU_METRICS
+        cases = profile(plan, metrics)
+    meta.update(metrics=list(metrics), metrics_missing=missing)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
+    print(f"wrote {out} ({len(cases)} cases); not in this ncu: {missing or 'none'}")
+    print_cases(cases)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashref.bench profile", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("results/gpu_profile.json"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="default results/gpu_profile.json, or "
+        "results/gpu_backward_profile.json with --backward",
+    )
+    parser.add_argument(
+        "--backward",
+        action="store_true",
+        help="instead: every backward version (--versions: only these)",
+    )
     parser.add_argument("--io-out", type=Path, default=Path("results/gpu_io.json"))
     parser.add_argument("--quick", action="store_true", help="d = 64 and N = 4096 only")
     parser.add_argument("--skip-io", action="store_true", help="only the versions' profile")
@@ -285,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(cp)
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)
+    if args.backward:
+        return backward_main(args, meta)
+    args.out = args.out or Path("results/gpu_profile.json")
     if args.source is not None:
         plan = [{"impl": f"v{args.source}", "d": d, "causal": False, "dtype": "float16",
                  **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip
@@ -305,13 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
         print(f"wrote {path} ({len(cases)} cases)")
-        for c in cases:
-            dram = (c.get("dram__bytes_read.sum", 0) + c.get("dram__bytes_write.sum", 0)) / 1e6
-            l2 = c.get("lts__t_bytes.sum", 0) / 1e9
-            tp = c.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
-            print(f"  {c['impl']:12s} d={c['d']:3d} N={c['N']:5d} B={c['B']:3d}: "
-                  f"{c['kernels']} kernel(s), DRAM {dram:9.1f} MB, L2 {l2:7.2f} GB, "
-                  f"tensor pipe {tp if tp is None else round(tp, 1)}%")  # fmt: skip
+        print_cases(cases)
     return 0
 
 

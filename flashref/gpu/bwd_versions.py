@@ -102,6 +102,14 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
         BwdVersion(4, "red_v2",
                    "bwd3 adding dQ with red.global.add.v2.f32: one atomic per two elements",
                    "bwd4_red_v2.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(5, "red_v4",
+                   "bwd4 adding dQ with red.global.add.v4.f32 after one exchange between lane "
+                   "pairs: one atomic per four elements",
+                   "bwd5_red_v4.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(6, "two_syncs",
+                   "bwd5 without the barrier at the end of each query tile: the next tile's "
+                   "first barrier already orders the reuse of dS^T and the buffers",
+                   "bwd6_two_syncs.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
     )
 }  # fmt: skip
 

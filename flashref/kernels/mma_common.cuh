@@ -129,3 +129,18 @@ __device__ __forceinline__ void red_add_v2(float* p, float a, float b)
     atomicAdd(p + 1, b);
 #endif
 }
+
+// ---- red.global.add.v4.f32: four fp32 atomic additions in one instruction (sm_90 and later) -
+// Adds a, b, c, e to p[0..3]; p must be 16-byte aligned. Each lane's mma C fragment holds two
+// adjacent columns per row, so a lane gathers four from its neighbour (t ^ 1) first: backward
+// version 5 does. Before sm_90, two red_add_v2 (which are then four scalar atomicAdd).
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float e)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(e) : "memory");
+#else
+    red_add_v2(p, a, b);
+    red_add_v2(p + 2, c, e);
+#endif
+}
