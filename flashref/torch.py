@@ -81,15 +81,9 @@ def _check(q, k, v, causal, scale) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    dtype, d, _, G = gpu._check_inputs(q, k, v, causal, scale, False)  # shapes, dtypes, flags
+    dtype, d, _, _ = gpu._check_inputs(q, k, v, causal, scale, False)  # shapes, dtypes, flags
     grads = [name for name, x in (("q", q), ("k", k), ("v", v)) if x.requires_grad]
     if grads and torch.is_grad_enabled():
-        if G != 1:
-            raise ValueError(
-                f"{grads[0]} requires grad but q has {q.shape[-3]} heads and k, v have "
-                f"{k.shape[-3]}; flashref's backward kernels take equal heads (repeat k and v "
-                f"with k.repeat_interleave({G}, dim=-3)), or use torch.no_grad()"
-            )
         if dtype not in BACKWARD_DTYPES:
             raise TypeError(
                 f"{grads[0]} requires grad but has dtype {dtype}; flashref's backward "

@@ -86,3 +86,57 @@ def test_grouped_forward_leaves_kv_alone_and_repeats_bitwise(cp):
     # the same as repeating K/V to q's heads, bit for bit: the same kernel on the same rows
     O3 = flash_attention(q, cp.repeat(k, 4, axis=1), cp.repeat(v, 4, axis=1), causal=True)
     assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O3).tobytes()
+
+
+# The backward: dK and dV of a shared K/V head sum over its G query heads. The float64
+# reference is the NumPy naive_attention_backward (grouped heads itself); the naive baseline
+# runs on K/V repeated to q's heads and sums its dK, dV over each group in float32, rounding
+# each member's share first, as the kernel's grouped launch does.
+BWD_CASES = [((2,), 8, 2, 100, 37, 64), ((1,), 4, 1, 300, 300, 128), ((2, 3), 6, 3, 17, 129, 64)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lead,Hq,Hkv,Nq,Nk,d", BWD_CASES)
+def test_grouped_backward_matches_float64(cp, lead, Hq, Hkv, Nq, Nk, d, causal, dtype):
+    from test_gpu_backward import _naive_same_precision as naive_bwd
+    from test_gpu_backward import _rel_errs, _worst
+
+    from flashref import naive_attention_backward
+    from flashref.gpu import BWD_VERSIONS, flash_attention_backward
+    from flashref.gpu.tolerances import backward_tolerance
+
+    seed = zlib.crc32(repr(("bwd", lead, Hq, Hkv, Nq, Nk, d, causal, dtype)).encode())
+    rng = np.random.default_rng(seed)
+    dt = _host(dtype)
+    q, do = (rng.standard_normal((*lead, Hq, Nq, d)).astype(np.float32).astype(dt) for _ in "qo")
+    k, v = (rng.standard_normal((*lead, Hkv, Nk, d)).astype(np.float32).astype(dt) for _ in "kv")
+    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
+    o, lse = naive_attention(*f64[:3], causal=causal, return_lse=True)
+    o, lse = o.astype(dt), lse.astype(np.float32)  # what a forward kernel hands on
+    ref = naive_attention_backward(*f64[:3], o.astype(np.float64), lse.astype(np.float64),
+                                   f64[3], causal=causal)  # fmt: skip
+    G, scale = Hq // Hkv, 1 / np.sqrt(d)
+    gq, gk, gv, go, gdo = (cp.asarray(x) for x in (q, k, v, o, do))
+    kr, vr = (cp.repeat(x, G, axis=-3) for x in (gk, gv))
+    n_dq, n_dk, n_dv = naive_bwd(cp, gq, kr, vr, go, gdo, causal, scale)  # (..., Hq, ...)
+
+    def group_sum(x):  # (..., Hq, N, d) -> (..., Hkv, N, d), shares rounded, summed in float32
+        x = x.astype(dt).astype(np.float32).reshape(*lead, Hkv, G, *x.shape[-2:])
+        return x.sum(axis=-3).astype(dt).astype(np.float64)
+
+    naive_errs = _rel_errs((n_dq, group_sum(n_dk), group_sum(n_dv)), ref)
+    for ver in BWD_VERSIONS.values():
+        got = flash_attention_backward(gq, gk, gv, go, cp.asarray(lse), gdo, causal=causal,
+                                       version=ver.number)  # fmt: skip
+        got = [cp.asnumpy(x) for x in got]
+        errs = _rel_errs(got, ref)
+        Tc = -(-Nk // ver.Bc)
+        label = f"bwd{ver.number} {lead} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} {dtype} {causal=}"
+        for i, name in enumerate(("dq", "dk", "dv")):
+            atomic = Tc if (name == "dq" and not ver.deterministic_dq) else 0
+            tol = backward_tolerance(dtype, naive_errs[i], atomic)
+            assert errs[i] <= tol, (
+                f"{label}: {name} rel err {errs[i]:.3e} > tol {tol:.3e} (naive "
+                f"{naive_errs[i]:.3e}); {_worst(got[i], ref[i])}"
+            )

@@ -23,7 +23,6 @@ import numbers
 
 import numpy as np
 
-from .._checks import check_shapes
 from . import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
 from .bwd_versions import (
     BWD_DEFAULT,
@@ -47,19 +46,11 @@ def _check_array(x, name: str):
 def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
     """Every check that needs no GPU, in the CPU backward's order and words.
 
-    Returns ``(dtype, d, scale, BwdVersion)``.
+    Returns ``(dtype, d, scale, BwdVersion, G)``, ``G = Hq // Hkv`` the group size.
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
         _check_array(x, name)
-    G = check_shapes(q, k, v)  # the NumPy functions' shape rules and messages
-    if G != 1:
-        raise ValueError(
-            f"flash_attention_backward does not take grouped K/V heads yet: q has "
-            f"{q.shape[-3]} heads, k and v have {k.shape[-3]}; repeat k and v to q's heads "
-            f"(k.repeat({G}, axis=-3) for CuPy, k.repeat_interleave({G}, dim=-3) for torch) "
-            "and sum dk, dv over each group, or use flashref's NumPy functions"
-        )
-    dtype, d, scale, _ = _check_inputs(q, k, v, causal, scale, False)
+    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, False)  # the NumPy shape rules
     o_shape = tuple(q.shape[:-1]) + tuple(v.shape[-1:])
     for name, arr in (("o", o), ("do", do)):
         if tuple(arr.shape) != o_shape:
@@ -84,7 +75,7 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
         raise TypeError(
             f"q has dtype {dtype}; flash_attention_backward supports {', '.join(BWD_DTYPES)}"
         )
-    return dtype, d, scale, _check_bwd_version(version, dtype, d)
+    return dtype, d, scale, _check_bwd_version(version, dtype, d), G
 
 
 def _check_bwd_version(version, dtype: str, d: int) -> BwdVersion:
@@ -181,12 +172,42 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
         last((blocks,), (CONVERT_THREADS,), (dQacc, dq, np.int64(pairs), np.float32(scale)))
 
 
+def launch_backward_grouped(ver, q, k, v, o, lse, do, dq, dk, dv, *, G, causal, scale) -> None:
+    """Grouped K/V heads: ``q (..., Hkv * G, Nq, d)``, ``k``, ``v (..., Hkv, Nk, d)``.
+
+    As the grouped forward (``_launch.launch_grouped``): the query heads with ``h % G = g``
+    are shaped like k and v, so version ``ver`` runs once per ``g`` on the unchanged K/V. A
+    shared K/V head's dK and dV are the sums of its ``G`` query heads' contributions: each
+    launch writes its share in q's dtype, and the shares are added in float32 and rounded
+    once (the rounding a naive backward on K/V repeated to q's heads, then summed, has too).
+    """
+    import cupy as cp
+
+    *lead, Hq, Nq, d = q.shape
+    Hkv = Hq // G
+
+    qv, ov, dov, dqv = (x.reshape(*lead, Hkv, G, Nq, d) for x in (q, o, do, dq))  # views
+    lsev = lse.reshape(*lead, Hkv, G, Nq)
+    dq_g = cp.empty((*lead, Hkv, Nq, d), dtype=dq.dtype)  # one group member's heads
+    dk_g, dv_g = cp.empty(k.shape, dtype=dk.dtype), cp.empty(v.shape, dtype=dv.dtype)
+    dk_sum, dv_sum = cp.zeros(k.shape, cp.float32), cp.zeros(v.shape, cp.float32)
+    for g in range(G):
+        member = (qv[..., g, :, :], k, v, ov[..., g, :, :], lsev[..., g, :], dov[..., g, :, :])
+        launch_backward(ver, *member, dq_g, dk_g, dv_g, causal=causal, scale=scale)
+        dqv[..., g, :, :] = dq_g
+        dk_sum += dk_g.astype(cp.float32)
+        dv_sum += dv_g.astype(cp.float32)
+    dk[...] = dk_sum.astype(dk.dtype)
+    dv[...] = dv_sum.astype(dv.dtype)
+
+
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, version=None):
     """Gradients ``(dq, dk, dv)`` of attention on the GPU, FlashAttention-2's backward.
 
     Args:
         q: (..., Nq, d); k, v: (..., Nk, d); CuPy arrays or torch CUDA tensors (through DLPack,
-            no copy), float16 or bfloat16, d = 64 or 128.
+            no copy), float16 or bfloat16, d = 64 or 128. Grouped K/V heads (q (..., Hq, Nq, d),
+            k, v (..., Hkv, Nk, d)) as in the forward: dk, dv sum over each group's query heads.
         o: (..., Nq, d), the forward's output, q's dtype; do: (..., Nq, d), dLoss/dO.
         lse: (..., Nq) float32, the forward's ``lse`` (``flash_attention(..., return_lse=True)``).
         causal, scale: as in the forward call that made ``o`` and ``lse``.
@@ -197,7 +218,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     with float32 atomics, so it can differ by the rounding of that sum's order
     (``BwdVersion.deterministic_dq``).
     """
-    dtype, d, scale, ver = check_backward_inputs(q, k, v, o, lse, do, causal, scale, version)
+    dtype, d, scale, ver, G = check_backward_inputs(q, k, v, o, lse, do, causal, scale, version)
     causal = bool(causal)
     cp = _require_gpu()
     torch_in = _is_torch(q)
@@ -211,7 +232,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     dq = cp.empty(q.shape, dtype=q.dtype)
     dk = cp.empty(k.shape, dtype=q.dtype)
     dv = cp.empty(v.shape, dtype=q.dtype)
-    launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, causal=causal, scale=scale)
+    if G == 1:
+        launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, causal=causal, scale=scale)
+    else:
+        grads = (dq, dk, dv)
+        launch_backward_grouped(ver, q, k, v, o, lse, do, *grads, G=G, causal=causal, scale=scale)
     if torch_in:
         import torch
 
