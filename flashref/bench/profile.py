@@ -2,6 +2,7 @@
 
     python -m flashref.bench profile [--out results/gpu_profile.json]
                                      [--io-out results/gpu_io.json] [--quick]
+    python -m flashref.bench profile --decode [--out results/gpu_decode_profile.json]
 
 Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice:
 
@@ -15,6 +16,9 @@ Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice
    and SDPA's FLASH backend at N = 1k to 16k (d = 64, H = 16, B = 2 * 16384 / N), and the
    shape of the FlashAttention paper's Figure 2 (N = 1024, d = 64, H = 16, B = 64). Written
    to ``--io-out``: DRAM and L2 bytes and kernel time summed over all kernels of one call.
+
+With ``--decode``, instead: each decode kernel version at the shapes of
+``flashref.bench.profile_decode`` (which says what is collected and why).
 
 Clocks are not locked (``--clock-control none``): the counters are read at the clocks the
 GPU chooses, the same as in the benchmark. Without ``ncu`` on PATH this says so and exits 0.
@@ -95,14 +99,14 @@ def _number(text: str):
         return text or None
 
 
-def run_ncu(plan: list[dict], workdir: Path) -> list[dict]:
+def run_ncu(plan: list[dict], workdir: Path, metrics=NCU_METRICS, sections=NCU_SECTIONS):
     """Profile ``plan``; return one dict of metrics per kernel, in launch order."""
     plan_path, log = workdir / "plan.json", workdir / "ncu.csv"
     plan_path.write_text(json.dumps(plan))
     cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
            "--page", "raw", "--print-units", "base", "--log-file", str(log),
-           *(a for s in NCU_SECTIONS for a in ("--section", s)),
-           "--metrics", ",".join(NCU_METRICS),
+           *(a for s in sections for a in ("--section", s)),
+           "--metrics", ",".join(metrics),
            sys.executable, "-m", "flashref.bench.ncu_target", str(plan_path)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -128,14 +132,14 @@ def group_by_case(kernels: list[dict], n_cases: int) -> list[list[dict]]:
     return groups
 
 
-def summarise(kernels: list[dict]) -> dict:
+def summarise(kernels: list[dict], metrics=NCU_METRICS) -> dict:
     """One case's counters: additive ones summed; the rest from its longest kernel."""
     if not kernels:
         return {"kernels": 0}
     main = max(kernels, key=lambda k: k.get("gpu__time_duration.sum") or 0)
     names = [str(k.get("Kernel Name"))[:80] for k in kernels]
     out = {"kernels": len(kernels), "kernel_names": names}
-    for name in NCU_METRICS:
+    for name in metrics:
         if name in ADDITIVE:
             out[name] = sum(float(k.get(name) or 0) for k in kernels)
         elif isinstance(main.get(name), float):
@@ -254,16 +258,17 @@ def _meta(cp) -> dict:
     }
 
 
-def profile(plan: list[dict]) -> list[dict]:
+def profile(plan: list[dict], metrics=NCU_METRICS, sections=NCU_SECTIONS) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
-        kernels = run_ncu(plan, Path(tmp))
+        kernels = run_ncu(plan, Path(tmp), metrics, sections)
     groups = group_by_case(kernels, len(plan))
-    return [{**case, **summarise(g)} for case, g in zip(plan, groups, strict=True)]
+    return [{**case, **summarise(g, metrics)} for case, g in zip(plan, groups, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashref.bench profile", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("results/gpu_profile.json"))
+    parser.add_argument("--out", type=Path, help="default results/gpu_profile.json, or "
+                        "results/gpu_decode_profile.json with --decode")  # fmt: skip
     parser.add_argument("--io-out", type=Path, default=Path("results/gpu_io.json"))
     parser.add_argument("--quick", action="store_true", help="d = 64 and N = 4096 only")
     parser.add_argument("--skip-io", action="store_true", help="only the versions' profile")
@@ -274,7 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         "(d = 64 and 128), summarised by opcode into --source-out",
     )  # fmt: skip
     parser.add_argument("--source-out", type=Path, default=Path("results/gpu_stall_sampling.json"))
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="instead: the decode kernel versions (flashref.bench.profile_decode)",
+    )
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path(f"results/gpu{'_decode' if args.decode else ''}_profile.json")
     if shutil.which("ncu") is None:
         print("ncu (Nsight Compute) is not on PATH: nothing profiled. It ships with the CUDA "
               "toolkit (nsight-compute); put its folder on PATH and run again.")  # fmt: skip
@@ -285,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(cp)
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)
+    if args.decode:
+        from .profile_decode import run_decode
+
+        return run_decode(meta, args.out, args.versions)
     if args.source is not None:
         plan = [{"impl": f"v{args.source}", "d": d, "causal": False, "dtype": "float16",
                  **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip
