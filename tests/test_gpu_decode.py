@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 from flashref import PagedKVCache, naive_attention, paged_attention, split_kv_attention
+from flashref.gpu.decode import VERSIONS
 from flashref.gpu.tolerances import LSE_TOL, tolerance
 
 pytestmark = pytest.mark.gpu
+DECODE_VERSIONS = sorted(VERSIONS)  # every kernel version runs every case
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,8 @@ NK = 300  # keys in the cache; not a multiple of any tile
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,lengths", SHAPES)
-def test_decode_matches_float64(cp, B, Hq, Hkv, Nq, lengths, dtype, d, causal):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_decode_matches_float64(cp, version, B, Hq, Hkv, Nq, lengths, dtype, d, causal):
     from flashref.gpu import decode_attention
 
     q, k, v = _inputs(dtype, B, Hq, Hkv, Nq, NK, d, "decode")
@@ -148,13 +151,16 @@ def test_decode_matches_float64(cp, B, Hq, Hkv, Nq, lengths, dtype, d, causal):
     L = cp.asarray(np.array(lengths, dtype=np.int32))
     for S in (None, 1, 3):
         O, lse = decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), lengths=L,
-                                  causal=causal, num_splits=S, return_lse=True)  # fmt: skip
-        label = f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} {dtype} d={d} {causal=} splits={S}"
+                                  causal=causal, num_splits=S, return_lse=True,
+                                  version=version)  # fmt: skip
+        label = f"v{version} B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} {dtype} d={d}"
+        label += f" {causal=} splits={S}"
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_every_split_count_matches_split_kv_attention(cp, dtype):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_every_split_count_matches_split_kv_attention(cp, version, dtype):
     """num_splits from 1 to past the 7 tiles of Nk = 389 (empty splits included), all keys."""
     from flashref.gpu import decode_attention
 
@@ -166,9 +172,15 @@ def test_every_split_count_matches_split_kv_attention(cp, dtype):
     for S in range(1, 11):
         f64 = (x.astype(np.float64) for x in (q, k, v))
         ref, ref_lse = split_kv_attention(*f64, num_splits=S, return_lse=True)
-        O, lse = decode_attention(qc, kc, vc, num_splits=S, return_lse=True)
+        O, lse = decode_attention(qc, kc, vc, num_splits=S, return_lse=True, version=version)
         _check(
-            f"{dtype} num_splits={S}", dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive
+            f"v{version} {dtype} num_splits={S}",
+            dtype,
+            cp.asnumpy(O),
+            cp.asnumpy(lse),
+            ref,
+            ref_lse,
+            naive,
         )
 
 
@@ -218,7 +230,9 @@ def _naive_paged(cp, cache, seqs, q, dtype, causal):
 @pytest.mark.parametrize("page_size", [16, 64, 100])
 @pytest.mark.parametrize("dtype,d", [("float16", 128), ("bfloat16", 64)])
 @pytest.mark.parametrize("Hq,Hkv,Nq", [(8, 2, 1), (4, 4, 3), (8, 1, 16)])
-def test_paged_matches_paged_attention(cp, Hq, Hkv, Nq, dtype, d, page_size, causal):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_paged_matches_paged_attention(cp, version, Hq, Hkv, Nq, dtype, d, page_size, causal):
+    """page_size 16 and 64: version 2 reads the table once per 16 keys; 100: once per key."""
     from flashref.gpu import paged_decode_attention
 
     lengths = [0, 1, 250, 65]  # last pages partly filled; an empty sequence; one key
@@ -232,12 +246,15 @@ def test_paged_matches_paged_attention(cp, Hq, Hkv, Nq, dtype, d, page_size, cau
     args = (cp.asarray(q), cp.asarray(kp), cp.asarray(vp), cp.asarray(table.astype(np.int32)))
     for S in (None, 1, 2, 5):
         O, lse = paged_decode_attention(*args, cp.asarray(L.astype(np.int32)), causal=causal,
-                                        num_splits=S, return_lse=True)  # fmt: skip
-        label = f"paged ps={page_size} Hq={Hq} Hkv={Hkv} Nq={Nq} {dtype} d={d} {causal=} S={S}"
+                                        num_splits=S, return_lse=True,
+                                        version=version)  # fmt: skip
+        label = f"v{version} paged ps={page_size} Hq={Hq} Hkv={Hkv} Nq={Nq} {dtype} d={d}"
+        label += f" {causal=} S={S}"
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
 
-def test_cache_convenience_and_host_tables(cp):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_cache_convenience_and_host_tables(cp, version):
     """A PagedKVCache with its pools on the GPU; the block table straight from block_table()."""
     from flashref.gpu import cache_decode_attention
 
@@ -248,25 +265,36 @@ def test_cache_convenience_and_host_tables(cp):
     gpu.k_pages, gpu.v_pages = (
         cp.asarray(x.astype(np.float16)) for x in (cache.k_pages, cache.v_pages)
     )
-    O, lse = cache_decode_attention(cp.asarray(q), gpu, seqs, return_lse=True)
+    O, lse = cache_decode_attention(cp.asarray(q), gpu, seqs, return_lse=True, version=version)
     naive = _naive_paged(cp, cache, seqs, q, "float16", True)
-    _check("cache_decode_attention", "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+    _check(
+        f"v{version} cache_decode_attention",
+        "float16",
+        cp.asnumpy(O),
+        cp.asnumpy(lse),
+        ref,
+        ref_lse,
+        naive,
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_same_inputs_same_bits(cp, dtype):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_same_inputs_same_bits(cp, version, dtype):
     from flashref.gpu import decode_attention
 
     q, k, v = (cp.asarray(x) for x in _inputs(dtype, 2, 8, 2, 3, 1000, 128, "bits"))
     L = cp.asarray(np.array([1000, 333], dtype=np.int32))
     for S in (1, 6):
-        O1, lse1 = decode_attention(q, k, v, lengths=L, num_splits=S, return_lse=True)
-        O2, lse2 = decode_attention(q, k, v, lengths=L, num_splits=S, return_lse=True)
-        assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O2).tobytes(), f"O differs, splits={S}"
-        assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"lse differs, {S=}"
+        kw = {"lengths": L, "num_splits": S, "return_lse": True, "version": version}
+        O1, lse1 = decode_attention(q, k, v, **kw)
+        O2, lse2 = decode_attention(q, k, v, **kw)
+        assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O2).tobytes(), f"v{version}: O differs, {S=}"
+        assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"v{version}: lse, {S=}"
 
 
-def test_scale_all_empty_and_noncontiguous(cp):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_scale_all_empty_and_noncontiguous(cp, version):
     from flashref.gpu import decode_attention
 
     q, k, v = _inputs("float16", 2, 4, 2, 1, 130, 64, "scale")
@@ -275,15 +303,26 @@ def test_scale_all_empty_and_noncontiguous(cp):
         ref, ref_lse = _reference(q, k, v, allowed, scale)
         naive = _naive_same_precision(cp, q, k, v, allowed, scale)
         kt = cp.asarray(np.ascontiguousarray(k.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
-        O, lse = decode_attention(cp.asarray(q), kt, cp.asarray(v), scale=scale, return_lse=True)
-        _check(f"scale={scale}", "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+        O, lse = decode_attention(cp.asarray(q), kt, cp.asarray(v), scale=scale, return_lse=True,
+                                  version=version)  # fmt: skip
+        _check(
+            f"v{version} scale={scale}",
+            "float16",
+            cp.asnumpy(O),
+            cp.asnumpy(lse),
+            ref,
+            ref_lse,
+            naive,
+        )
     L = cp.zeros(2, dtype=cp.int32)  # no sequence has a key
     O, lse = decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), lengths=L,
-                              num_splits=3, return_lse=True)  # fmt: skip
-    assert (cp.asnumpy(O) == 0).all() and np.isneginf(cp.asnumpy(lse)).all()
+                              num_splits=3, return_lse=True, version=version)  # fmt: skip
+    assert (cp.asnumpy(O) == 0).all(), f"v{version}: no key seen, O is not zeros"
+    assert np.isneginf(cp.asnumpy(lse)).all(), f"v{version}: no key seen, lse is not -inf"
 
 
-def test_torch_tensors_in_and_out(cp):
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_torch_tensors_in_and_out(cp, version):
     torch = pytest.importorskip("torch")
     from flashref.gpu import decode_attention
 
@@ -293,10 +332,12 @@ def test_torch_tensors_in_and_out(cp):
     naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(128))
     tq, tk, tv = (torch.from_dlpack(cp.asarray(x)) for x in (q, k, v))
     L = torch.tensor([500, 200], dtype=torch.int32, device="cuda")
-    O, lse = decode_attention(tq, tk, tv, lengths=L, return_lse=True)
+    O, lse = decode_attention(tq, tk, tv, lengths=L, return_lse=True, version=version)
     assert isinstance(O, torch.Tensor) and O.dtype == torch.bfloat16 and O.is_cuda
     out = cp.asnumpy(cp.from_dlpack(O))
-    _check("torch", "bfloat16", out, cp.asnumpy(cp.from_dlpack(lse)), ref, ref_lse, naive)
+    _check(
+        f"v{version} torch", "bfloat16", out, cp.asnumpy(cp.from_dlpack(lse)), ref, ref_lse, naive
+    )
     with pytest.raises(TypeError, match="q is a torch tensor on cpu"):
         decode_attention(tq.cpu(), tk, tv)
 

@@ -166,3 +166,80 @@ def test_bench_decode_is_a_target():
     from flashref.bench.__main__ import TARGETS
 
     assert "decode" in TARGETS
+
+
+@pytest.mark.parametrize(
+    "version,error,match",
+    [
+        (3, ValueError, r"version is 3; the decode kernel versions are \[1, 2\]"),
+        (0, ValueError, r"version is 0"),
+        ("2", TypeError, r"version must be an int in \[1, 2\], got '2'"),
+        (True, TypeError, r"version must be an int"),
+        (2.0, TypeError, r"version must be an int"),
+    ],
+)
+def test_decode_version_is_checked_first(version, error, match, no_cupy):
+    """A bad version is refused before anything else (here: before a wrong shape is seen)."""
+    q, k, v = _qkv()
+    with pytest.raises(error, match=match):
+        fg.decode_attention(q, k, v[:, :, :3], version=version)
+    with pytest.raises(error, match=match):
+        fg.paged_decode_attention(*_paged(), np.zeros((2, 1), int), [1, 1], version=version)
+    with pytest.raises(error, match=match):
+        dec.decode_plan(1, 8, 2, 1, 100, 64, 132, version=version)
+
+
+def test_every_version_reaches_the_gpu_check(no_cupy):
+    for version in dec.VERSIONS:
+        with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+            fg.decode_attention(*_qkv(), version=version)
+
+
+def test_version_2_plan_and_shared_memory():
+    """Version 2: the grid and split rule of version 1, the rings of 16-key sub-tiles."""
+    p1 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132)
+    p2 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=2)
+    assert (p1.version, p2.version) == (1, 2) and p1.grid == p2.grid and p1.threads == p2.threads
+    assert p2.smem_bytes == dec.smem_bytes(128, 1, 2) == 2 * (16 + 4 * 3 * 2 * 16) * 136
+    assert dec.smem_bytes(64, 2, 2) == 2 * (32 + 4 * 5 * 2 * 16) * 72
+    for d in dec.HEAD_DIMS:  # two blocks per SM (the split rule's assumption) at every shape
+        for tiles in (1, 2):
+            assert dec.smem_bytes(d, tiles, 2) * dec.BLOCKS_PER_SM <= 228 * 1024 - 2 * 1024
+
+
+def test_each_version_has_its_own_kernels():
+    """Every version's file defines the kernels VERSIONS names for it."""
+    for version, (_, split_name, combine_name) in dec.VERSIONS.items():
+        text = dec.source(version)
+        assert f"{split_name}(" in text and f"{combine_name}(" in text, version
+    assert dec.source(1) != dec.source(2)
+
+
+def test_bench_decode_rows_per_version():
+    from flashref.bench import decode as bench
+
+    assert bench.impl_names(1) == ("flashref", "flashref_paged")
+    assert bench.impl_names(2) == ("flashref_v2", "flashref_paged_v2")
+    with pytest.raises(SystemExit):
+        bench.main(["--versions", "7"])
+
+
+def test_decode_profile_plan_and_kernel_rows():
+    """profile --decode: every version at every shape; per kernel its time and top stalls."""
+    from flashref.bench import profile_decode as pd
+
+    plan = pd.decode_plan()
+    assert len(plan) == len(dec.VERSIONS) * len(pd.DECODE_SHAPES)
+    assert {c["impl"] for c in plan} == {f"decode_v{v}" for v in dec.VERSIONS}
+    assert {(c["B"], c["Hkv"], c["paged"]) for c in plan} == {(1, 8, False), (8, 32, False),
+                                                              (8, 32, True)}  # fmt: skip
+    assert [c["version"] for c in pd.decode_plan([2])] == [2, 2, 2]
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    stalls = (("barrier", 0.5), ("long_scoreboard", 9.0), ("wait", 2.0), ("math", 0.1), ("lg", 1.0))
+    kern = {"Kernel Name": "decode_split_kv_v2", "gpu__time_duration.sum": 30_000.0,
+            "dram__bytes_read.sum": 134e6, "lts__t_sector_hit_rate.pct": 12.5,
+            **{stall.format(n): x for n, x in stalls}}  # fmt: skip
+    (row,) = pd.kernel_rows([kern])
+    assert row["us"] == 30.0 and row["dram_read_mb"] == 134.0 and row["l2_hit_pct"] == 12.5
+    assert list(row["top_stalls"]) == ["long_scoreboard", "wait", "lg", "barrier"]
+    assert row["dram_pct"] is None  # a counter ncu did not report stays None, not 0

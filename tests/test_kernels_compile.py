@@ -71,25 +71,29 @@ def test_probe_compiles_for_sm90(name, tmp_path):
     print(f"\n{name}:\n{proc.stdout + proc.stderr}")
 
 
-DECODE_CASES = [(d, rt, dt) for d in (64, 128) for rt in (1, 2) for dt in ("float16", "bfloat16")]
+DECODE_CASES = [(ver, d, rt, dt) for ver in (1, 2) for d in (64, 128) for rt in (1, 2)
+                for dt in ("float16", "bfloat16")]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "d,row_tiles,dtype", DECODE_CASES, ids=[f"d{d}-rows{16 * r}-{dt}" for d, r, dt in DECODE_CASES]
+    "version,d,row_tiles,dtype",
+    DECODE_CASES,
+    ids=[f"v{v}-d{d}-rows{16 * r}-{dt}" for v, d, r, dt in DECODE_CASES],
 )
-def test_decode_kernel_compiles_without_spills(d, row_tiles, dtype, tmp_path):
-    """The split-KV decode kernel and its combine kernel, as flashref.gpu.decode compiles them."""
+def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp_path):
+    """Each split-KV decode version and its combine kernel, as flashref.gpu.decode compiles them."""
     from flashref.gpu import decode
 
-    src = tmp_path / decode.FILE
-    src.write_text(decode.source())
-    out = tmp_path / f"decode_d{d}_r{row_tiles}_{dtype}.cubin"
+    file, split_name, combine_name = decode.VERSIONS[version]
+    src = tmp_path / file
+    src.write_text(decode.source(version))
+    out = tmp_path / f"decode_v{version}_d{d}_r{row_tiles}_{dtype}.cubin"
     cmd = ["nvcc", "-arch=sm_90", "-cubin", "--resource-usage"]
     cmd += [*decode.defines(d, row_tiles, dtype), "-o", str(out), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
     report = proc.stdout + proc.stderr
-    for name in ("decode_split_kv", "decode_combine"):
+    for name in (split_name, combine_name):
         part = report[report.index(f"'{name}'") :]
         regs = re.search(r"Used (\d+) registers", part)
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", part)
@@ -99,7 +103,7 @@ def test_decode_kernel_compiles_without_spills(d, row_tiles, dtype, tmp_path):
               f"stack {stack.group(1)} B, spill stores {spills.group(1)} B, "
               f"spill loads {spills.group(2)} B")  # fmt: skip
         assert spills.group(1) == spills.group(2) == stack.group(1) == "0", report
-    assert decode.smem_bytes(d, row_tiles) * decode.BLOCKS_PER_SM <= 228 * 1024 - 2 * 1024
+    assert decode.smem_bytes(d, row_tiles, version) * decode.BLOCKS_PER_SM <= 228 * 1024 - 2 * 1024
 
 
 @pytest.mark.parametrize("name", ["roof_hbm_read.cu"])

@@ -1,14 +1,17 @@
 """Decode benchmark: flashref's split-KV kernel (contiguous and paged) beside torch SDPA.
 
-    python -m flashref.bench decode [--rounds 5] [--dtypes float16 bfloat16] [--out PATH]
+    python -m flashref.bench decode [--rounds 5] [--dtypes float16 bfloat16] [--versions 1 2]
+                                    [--out PATH]
 
 One new token per sequence (Nq = 1), d = 128, Hq = 32 query heads with Hkv = 32 (multi-head)
 or 8 (grouped-query) K/V heads, batches B in 1, 8, 32 and caches of Nk = 4096, 32768, 131072
 keys, every sequence full. Implementations: ``flashref`` (``decode_attention``'s kernels on a
 contiguous cache), ``flashref_paged`` (the same kernels through a block table over pages of
-``PAGE_SIZE`` tokens, in order), SDPA FLASH, cuDNN and MATH (torch, same process, on the same
-memory through DLPack; grouped heads through ``enable_gqa=True``, and where a backend refuses
-that, K/V repeated to Hq heads, which the row's note says). A backend that refuses a shape, or a
+``PAGE_SIZE`` tokens, in order), the same two for every other decode kernel version
+(``flashref_v2``, ``flashref_paged_v2``, ...; ``--versions`` picks them, all by default),
+SDPA FLASH, cuDNN and MATH (torch, same process, on the same memory through DLPack; grouped
+heads through ``enable_gqa=True``, and where a backend refuses that, K/V repeated to Hq
+heads, which the row's note says). A backend that refuses a shape, or a
 shape that does not fit in memory, is recorded with the reason.
 
 GB/s = bytes of K and V the problem needs (B * Hkv * Nk * d * 2 tensors * itemsize, every key
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..gpu.decode import VERSIONS
 from .gpu import ClockSampler, _import_torch, _median_ms
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
 
@@ -64,7 +68,7 @@ def hbm_read_roof(cp, sm_count: int) -> float:
     return READ_BYTES / (ms * 1e-3) / 1e9
 
 
-def _meta(cp, torch, facts, read_gbps, copy_gbps) -> dict:
+def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
     rt, drv = cp.cuda.runtime.runtimeGetVersion(), cp.cuda.runtime.driverGetVersion()
     try:
         import pynvml
@@ -86,6 +90,7 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps) -> dict:
         "hbm_copy_gbps": copy_gbps,
         "sm_count": facts["sm_count"],
         "page_size": PAGE_SIZE,
+        "decode_versions": list(versions),
         "gbps_rule": "bytes of K and V (every key valid) / time",
         "timing": (
             f"CUDA events; each round the median of {REPEATS} calls after warm-up; "
@@ -105,35 +110,54 @@ def _inputs(cp, B, Hkv, Nk, dtype, seed):
     return q, k, v
 
 
-def _impls(ctx, q, k, v, dtype, paged_ok: bool):
-    """[(impl, run_or_None, num_splits, note)] for one shape."""
+def impl_names(version: int) -> tuple[str, str]:
+    """The rows of a decode version: contiguous and paged (version 1 keeps its plain names)."""
+    tail = "" if version == 1 else f"_v{version}"
+    return f"flashref{tail}", f"flashref_paged{tail}"
+
+
+def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
+    """[(impl, run_or_None, num_splits, note)]: each decode version, contiguous and paged."""
     from flashref.gpu.decode import decode_plan, launch
 
-    cp, torch = ctx["cp"], ctx["torch"]
+    cp = ctx["cp"]
     B, Hkv, Nk, _ = k.shape
-    plan = decode_plan(B, HQ, Hkv, NQ, Nk, D, ctx["sm_count"])
-    common = {"causal": False, "scale": 1 / math.sqrt(D), "plan": plan}
-
-    def contiguous():  # the cache (B, Hkv, Nk, D) read as B pages of Nk slots
-        return launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1, **common)[0]
-
-    out = [("flashref", contiguous, plan.num_splits, None)]
     if paged_ok:
         n = Nk // PAGE_SIZE  # pages per sequence, laid out in order: page b * n + p
         kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, D).transpose(0, 2, 1, 3, 4))
                   .reshape(B * n, Hkv, PAGE_SIZE, D) for x in (k, v))  # fmt: skip
         bt = cp.arange(B * n, dtype=cp.int32).reshape(B, n)
         lens = cp.full(B, Nk, dtype=cp.int32)
-        note = f"page_size {PAGE_SIZE}, block table in order"
+    out = []
+    for version in versions:
+        plan = decode_plan(B, HQ, Hkv, NQ, Nk, D, ctx["sm_count"], version=version)
+        common = {"causal": False, "scale": 1 / math.sqrt(D), "plan": plan}
+        name, paged_name = impl_names(version)
 
-        def paged():
-            return launch(cp, q, kp, vp, bt, lens, Hkv=Hkv, page_size=PAGE_SIZE, max_pages=n,
+        def contiguous(common=common):  # the cache (B, Hkv, Nk, D) read as B pages of Nk slots
+            return launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1,
                           **common)[0]  # fmt: skip
 
-        out.append(("flashref_paged", paged, plan.num_splits, note))
-    else:
-        out.append(("flashref_paged", None, None, "not run: a second copy of K/V (the pages) "
-                    "would not fit in memory beside the contiguous one"))  # fmt: skip
+        out.append((name, contiguous, plan.num_splits, f"decode version {version}"))
+        if paged_ok:
+            note = f"decode version {version}; page_size {PAGE_SIZE}, block table in order"
+
+            def paged(common=common):
+                return launch(cp, q, kp, vp, bt, lens, Hkv=Hkv, page_size=PAGE_SIZE,
+                              max_pages=n, **common)[0]  # fmt: skip
+
+            out.append((paged_name, paged, plan.num_splits, note))
+        else:
+            out.append((paged_name, None, None, "not run: a second copy of K/V (the pages) "
+                        "would not fit in memory beside the contiguous one"))  # fmt: skip
+    return out
+
+
+def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
+    """[(impl, run_or_None, num_splits, note)] for one shape."""
+    torch = ctx["torch"]
+    Hkv = k.shape[1]
+    out = _flashref_impls(ctx, q, k, v, paged_ok, versions)
     if torch is None:
         return out + [(impl, None, None, "torch not importable") for impl in BACKENDS]
     tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
@@ -173,7 +197,7 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool):
     return out
 
 
-def bench_shape(ctx, dtype, B, Hkv, Nk, rounds) -> list[dict]:
+def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
     cp, torch = ctx["cp"], ctx["torch"]
     item = np.dtype(dtype).itemsize
     kv_bytes = 2 * B * Hkv * Nk * D * item
@@ -192,10 +216,10 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds) -> list[dict]:
                 "num_splits": None,
                 "note": note,
             }
-            for i in ("flashref", "flashref_paged", *BACKENDS)
+            for i in (*(n for v in versions for n in impl_names(v)), *BACKENDS)
         ]
     q, k, v = _inputs(cp, B, Hkv, Nk, dtype, seed=B * 1000 + Hkv + Nk)
-    impls = _impls(ctx, q, k, v, dtype, paged_ok=2 * kv_bytes < 0.8 * free)
+    impls = _impls(ctx, q, k, v, dtype, paged_ok=2 * kv_bytes < 0.8 * free, versions=versions)
     times = {impl: [] for impl, *_ in impls}
     events = {"cp": cp.cuda.Event}
     if torch is not None:
@@ -206,7 +230,9 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds) -> list[dict]:
                 continue
             make = events["torch" if impl.startswith("sdpa") else "cp"]
             times[impl].append(_median_ms(run, make, REPEATS, 2))
-    ref = impls[0][1]()  # flashref's output: a sanity check of the others (tests/ hold the real)
+    ref = impls[0][
+        1
+    ]()  # the first version's output: a sanity check of the others (tests/ hold the real)
     rows = []
     for impl, run, splits, note in impls:
         ts = times[impl]
@@ -215,7 +241,7 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds) -> list[dict]:
                "ms_max": max(ts) if ts else None, "round_ms": ts,
                "gbps": kv_bytes / (ms * 1e-3) / 1e9 if ms else None, "bytes": kv_bytes,
                "num_splits": splits, "note": note}  # fmt: skip
-        if run is not None and impl != "flashref":
+        if run is not None and impl != impls[0][0]:
             other = run()
             other = cp.from_dlpack(other) if not isinstance(other, cp.ndarray) else other
             a, b = other.astype(cp.float32), ref.astype(cp.float32)
@@ -239,7 +265,7 @@ def run(args) -> dict:
     read = hbm_read_roof(cp, facts["sm_count"])
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
     cp.get_default_memory_pool().free_all_blocks()
-    meta = _meta(cp, torch, facts, read, copy)
+    meta = _meta(cp, torch, facts, read, copy, args.versions)
     print(f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
           f"copy {copy:.0f} GB/s", file=sys.stderr)  # fmt: skip
     ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
@@ -250,7 +276,7 @@ def run(args) -> dict:
             for Nk in CONTEXTS:
                 for Hkv in KV_HEADS:
                     for B in BATCHES:
-                        new = bench_shape(ctx, dtype, B, Hkv, Nk, args.rounds)
+                        new = bench_shape(ctx, dtype, B, Hkv, Nk, args.rounds, args.versions)
                         rows += new
                         done = ", ".join(f"{r['impl']} {r['gbps']:.0f}" for r in new if r["gbps"])
                         print(f"[{dtype} B={B} Hkv={Hkv} Nk={Nk}] GB/s: {done}", file=sys.stderr)
@@ -287,7 +313,7 @@ def print_table(result: dict) -> None:
                 continue
             ratio = f"{r['ratio_to_cudnn']:.2f}" if r["ratio_to_cudnn"] else "-"
             cells.append(f"{r['gbps']:.0f} ({ratio}, {r['fraction_of_read']:.2f})")
-        splits = sel.get("flashref", {}).get("num_splits")
+        splits = next((r["num_splits"] for r in sel.values() if r.get("num_splits")), None)
         print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{splits if splits else '-':>7}" +
               "".join(f"{c:>22s}" for c in cells))  # fmt: skip
     for r in result["rows"]:
@@ -297,9 +323,10 @@ def print_table(result: dict) -> None:
 
 def write_json(result: dict, path: Path) -> None:
     """{"meta": {gpu, driver, cuda_runtime, cupy, torch, python, date, hbm_read_gbps,
-    hbm_copy_gbps, sm_count, page_size, gbps_rule, timing, clocks}, "rows": [{impl, dtype, d,
-    B, Hq, Hkv, Nq, Nk, ms, ms_min, ms_max, round_ms, gbps, bytes, num_splits, note,
-    rel_diff_to_flashref?, ratio_to_cudnn, fraction_of_read, fraction_of_copy}]}"""
+    hbm_copy_gbps, sm_count, page_size, decode_versions, gbps_rule, timing, clocks}, "rows":
+    [{impl, dtype, d, B, Hq, Hkv, Nq, Nk, ms, ms_min, ms_max, round_ms, gbps, bytes,
+    num_splits, note, rel_diff_to_flashref?, ratio_to_cudnn, fraction_of_read,
+    fraction_of_copy}]}"""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
 
@@ -313,10 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"],
                         choices=("float16", "bfloat16"), help="16-bit dtypes to run")  # fmt: skip
+    parser.add_argument("--versions", type=int, nargs="+", default=sorted(VERSIONS),
+                        help="decode kernel versions to run (default: all)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/gpu_decode.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    bad = [v for v in args.versions if v not in VERSIONS]
+    if bad:
+        parser.error(f"--versions: {bad} are not decode versions; they are {sorted(VERSIONS)}")
     result = run(args)
     print_table(result)
     write_json(result, args.out)

@@ -5,12 +5,15 @@
 PLAN is a list of cases ``{"impl", "d", "N", "B", "H", "causal", "dtype"}``; ``impl`` is
 ``vN`` (a flashref version), ``bwdN`` (backward version N: its three kernels, on the default
 forward's O and lse and a random dO made beforehand), ``naive_cupy`` (matmul, softmax, matmul
-in CuPy) or ``sdpa_flash`` / ``sdpa_cudnn`` (torch SDPA with that backend forced). Every case
-is run once outside the profiled range first (compilation, module load, cuBLAS and cuDNN
-set-up), then, inside ``cudaProfilerStart`` / ``cudaProfilerStop``, each case once, preceded
-by a tiny marker kernel launched with ``case index + 1`` blocks. The profiler records every
-kernel in the range; the markers tell which kernels belong to which case (naive CuPy, SDPA
-and the backward launch several).
+in CuPy) or ``sdpa_flash`` / ``sdpa_cudnn`` (torch SDPA with that backend forced); a decode case
+``{"impl": "decode_vN", "B", "Hq", "Hkv", "Nk", "d", "dtype", "paged"}`` runs decode version N
+(``flashref.gpu.decode.launch``, one new query per sequence, the cache contiguous or in pages
+of ``PAGE_SIZE`` keys through a block table in order) on inputs of its own. Every case is run
+once outside the profiled range first (compilation, module load, cuBLAS and cuDNN set-up),
+then, inside ``cudaProfilerStart`` / ``cudaProfilerStop``, each case once, preceded by a tiny
+marker kernel launched with ``case index + 1`` blocks. The profiler records every kernel in
+the range; the markers tell which kernels belong to which case (naive CuPy, SDPA and the
+backward launch several).
 """
 
 from __future__ import annotations
@@ -24,8 +27,34 @@ import numpy as np
 MARKER_SRC = 'extern "C" __global__ void flashref_marker(int case_index) {}'
 
 
+def decode_call(cp, case: dict):
+    """A function that runs a decode case once, on normals made for it."""
+    from ..gpu.decode import decode_plan, launch
+    from .decode import PAGE_SIZE
+
+    B, Hq, Hkv, Nk, d = (case[k] for k in ("B", "Hq", "Hkv", "Nk", "d"))
+    rng = cp.random.default_rng(0)
+    q = rng.standard_normal((B, Hq, 1, d), dtype=cp.float32).astype(case["dtype"])
+    k, v = (rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(case["dtype"])
+            for _ in range(2))  # fmt: skip
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    version = int(case["impl"].removeprefix("decode_v"))
+    plan = decode_plan(B, Hq, Hkv, 1, Nk, d, sms, version=version)
+    kw = {"causal": False, "scale": 1 / math.sqrt(d), "plan": plan, "Hkv": Hkv}
+    if not case["paged"]:
+        return lambda: launch(cp, q, k, v, None, None, page_size=Nk, max_pages=1, **kw)
+    n = Nk // PAGE_SIZE  # pages per sequence, in order: page b * n + p
+    kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, d).transpose(0, 2, 1, 3, 4))
+              .reshape(B * n, Hkv, PAGE_SIZE, d) for x in (k, v))  # fmt: skip
+    bt = cp.arange(B * n, dtype=cp.int32).reshape(B, n)
+    lens = cp.full(B, Nk, dtype=cp.int32)
+    return lambda: launch(cp, q, kp, vp, bt, lens, page_size=PAGE_SIZE, max_pages=n, **kw)
+
+
 def make_call(cp, case: dict, inputs):
     """A function that runs ``case`` once on ``inputs`` (q, k, v as CuPy arrays)."""
+    if case["impl"].startswith("decode_v"):
+        return decode_call(cp, case)
     impl, causal = case["impl"], case["causal"]
     q, k, v = inputs
     if impl.startswith("bwd"):
@@ -86,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     shapes = {}
     calls = []
     for case in plan:
-        key = (case["B"], case["H"], case["N"], case["d"], case["dtype"])
-        if key not in shapes:
+        key = (case["B"], case.get("H"), case.get("N"), case["d"], case["dtype"])
+        if case["impl"].startswith("decode_v"):
+            shapes[key] = None  # a decode case makes its own inputs
+        elif key not in shapes:
             x = [rng.standard_normal(key[:4], dtype=cp.float32) for _ in range(3)]
             shapes[key] = tuple(a.astype(case["dtype"]) for a in x)
         call = make_call(cp, case, shapes[key])

@@ -3,6 +3,7 @@
     python -m flashref.bench profile [--out results/gpu_profile.json]
                                      [--io-out results/gpu_io.json] [--quick]
     python -m flashref.bench profile --backward [--out results/gpu_backward_profile.json]
+    python -m flashref.bench profile --decode [--out results/gpu_decode_profile.json]
 
 Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice:
 
@@ -23,6 +24,9 @@ Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice
    sectors at L2, reduction requests and instructions at L1) and how many warps each scheduler
    holds and finds eligible. ``ncu --query-metrics`` is asked first; a name it does not list
    is left out of the run and named under ``meta.metrics_missing``.
+
+With ``--decode``, instead: each decode kernel version at the shapes of
+``flashref.bench.profile_decode`` (which says what is collected and why).
 
 Clocks are not locked (``--clock-control none``): the counters are read at the clocks the
 GPU chooses, the same as in the benchmark. Without ``ncu`` on PATH this says so and exits 0.
@@ -134,13 +138,13 @@ def _number(text: str):
         return text or None
 
 
-def run_ncu(plan: list[dict], workdir: Path, metrics=NCU_METRICS) -> list[dict]:
+def run_ncu(plan: list[dict], workdir: Path, metrics=NCU_METRICS, sections=NCU_SECTIONS):
     """Profile ``plan``; return one dict of metrics per kernel, in launch order."""
     plan_path, log = workdir / "plan.json", workdir / "ncu.csv"
     plan_path.write_text(json.dumps(plan))
     cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
            "--page", "raw", "--print-units", "base", "--log-file", str(log),
-           *(a for s in NCU_SECTIONS for a in ("--section", s)),
+           *(a for s in sections for a in ("--section", s)),
            "--metrics", ",".join(metrics),
            sys.executable, "-m", "flashref.bench.ncu_target", str(plan_path)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -293,9 +297,9 @@ def _meta(cp) -> dict:
     }
 
 
-def profile(plan: list[dict], metrics=NCU_METRICS) -> list[dict]:
+def profile(plan: list[dict], metrics=NCU_METRICS, sections=NCU_SECTIONS) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
-        kernels = run_ncu(plan, Path(tmp), metrics)
+        kernels = run_ncu(plan, Path(tmp), metrics, sections)
     groups = group_by_case(kernels, len(plan))
     return [{**case, **summarise(g, metrics)} for case, g in zip(plan, groups, strict=True)]
 
@@ -339,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out",
         type=Path,
-        help="default results/gpu_profile.json, or "
-        "results/gpu_backward_profile.json with --backward",
+        help="default results/gpu_profile.json, or results/gpu_backward_profile.json with "
+        "--backward, results/gpu_decode_profile.json with --decode",
     )
     parser.add_argument(
         "--backward",
@@ -357,7 +361,17 @@ def main(argv: list[str] | None = None) -> int:
         "(d = 64 and 128), summarised by opcode into --source-out",
     )  # fmt: skip
     parser.add_argument("--source-out", type=Path, default=Path("results/gpu_stall_sampling.json"))
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="instead: the decode kernel versions (flashref.bench.profile_decode)",
+    )
     args = parser.parse_args(argv)
+    if args.backward and args.decode:
+        parser.error("--backward and --decode each profile on their own: give one")
+    if args.out is None:
+        part = "_backward" if args.backward else "_decode" if args.decode else ""
+        args.out = Path(f"results/gpu{part}_profile.json")
     if shutil.which("ncu") is None:
         print("ncu (Nsight Compute) is not on PATH: nothing profiled. It ships with the CUDA "
               "toolkit (nsight-compute); put its folder on PATH and run again.")  # fmt: skip
@@ -370,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(env_note)
     if args.backward:
         return backward_main(args, meta)
-    args.out = args.out or Path("results/gpu_profile.json")
+    if args.decode:
+        from .profile_decode import run_decode
+
+        return run_decode(meta, args.out, args.versions)
     if args.source is not None:
         plan = [{"impl": f"v{args.source}", "d": d, "causal": False, "dtype": "float16",
                  **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip

@@ -18,6 +18,12 @@ functions; ``lengths`` and ``block_table`` are read on the host for that (they a
 The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key tiles, one
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch.
+
+Two kernel versions compute the same thing (``version=``, default 1): version 1
+(``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
+barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
+sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
+the other warps only at the end. Both use the same grid, shared memory and split rule.
 """
 
 from __future__ import annotations
@@ -40,9 +46,18 @@ from .decode_checks import (
 )
 from .versions import DTYPE_DEFINES, KERNEL_DIR
 
-FILE = "decode_split_kv.cu"
+FILE = "decode_split_kv.cu"  # version 1
+# version: (file, split kernel, combine kernel)
+VERSIONS = {
+    1: (FILE, "decode_split_kv", "decode_combine"),
+    2: ("decode_split_kv_v2.cu", "decode_split_kv_v2", "decode_combine_v2"),
+}
+DEFAULT_VERSION = 1
 BC = 64  # keys per tile (16 per warp, 4 warps)
-STAGES = 3  # K/V tiles in shared memory per block
+STAGES = 3  # K/V tiles in shared memory per block (version 1)
+BK = 16  # keys per warp sub-tile (version 2)
+STAGES_W = {128: 3, 64: 5}  # version 2: sub-tiles per warp ring, by head dim
+NWARPS = 4
 THREADS = 128
 BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
 MAX_SPLITS = 128
@@ -51,9 +66,18 @@ MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
 _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
 
 
-def source() -> str:
+def check_version(version) -> int:
+    """A decode kernel version: one of the keys of ``VERSIONS``."""
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
+        raise TypeError(f"version must be an int in {sorted(VERSIONS)}, got {version!r}")
+    if int(version) not in VERSIONS:
+        raise ValueError(f"version is {version}; the decode kernel versions are {sorted(VERSIONS)}")
+    return int(version)
+
+
+def source(version: int = DEFAULT_VERSION) -> str:
     """The kernel's text with ``mma_common.cuh`` pasted in (as ``Version.source`` does)."""
-    text = (KERNEL_DIR / FILE).read_text()
+    text = (KERNEL_DIR / VERSIONS[check_version(version)][0]).read_text()
     return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), text)
 
 
@@ -61,9 +85,13 @@ def defines(d: int, row_tiles: int, dtype: str) -> tuple[str, ...]:
     return (f"-DHEAD_DIM={d}", f"-DROW_TILES={row_tiles}", *DTYPE_DEFINES[dtype])
 
 
-def smem_bytes(d: int, row_tiles: int) -> int:
-    """Dynamic shared memory of one block: the Q rows and STAGES (K, V) tiles, rows of d + 8."""
-    return 2 * (16 * row_tiles + STAGES * 2 * BC) * (d + 8)
+def smem_bytes(d: int, row_tiles: int, version: int = DEFAULT_VERSION) -> int:
+    """Dynamic shared memory of one block, rows of d + 8 halves: the Q rows, then STAGES
+    (K, V) tiles of BC keys (version 1) or NWARPS rings of STAGES_W (K, V) sub-tiles of BK
+    keys (version 2)."""
+    if check_version(version) == 1:
+        return 2 * (16 * row_tiles + STAGES * 2 * BC) * (d + 8)
+    return 2 * (16 * row_tiles + NWARPS * STAGES_W[d] * 2 * BK) * (d + 8)
 
 
 def row_tiles(G: int, Nq: int) -> tuple[int, int]:
@@ -107,16 +135,20 @@ class DecodePlan:
     grid: tuple[int, int, int]  # (num_splits, Hkv * row_blocks, B)
     threads: int
     smem_bytes: int
+    version: int = DEFAULT_VERSION
 
 
-def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None) -> DecodePlan:
+def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
+                version=DEFAULT_VERSION) -> DecodePlan:  # fmt: skip
     """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs."""
+    version = check_version(version)
     G = group_size(Hq, Hkv, kv="k")
     tiles, blocks = row_tiles(G, Nq)
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks)
     grid = (num_splits, Hkv * blocks, B)
-    return DecodePlan(num_splits, tiles, blocks, grid, THREADS, smem_bytes(d, tiles))
+    smem = smem_bytes(d, tiles, version)
+    return DecodePlan(num_splits, tiles, blocks, grid, THREADS, smem, version)
 
 
 def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan):
@@ -140,7 +172,7 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     if B == 0:
         return O, lse
     S = plan.num_splits
-    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, dtype, plan.smem_bytes)
+    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, dtype, plan.smem_bytes, plan.version)
     part = S > 1
     O_part = cp.empty((B * Hq * Nq, S, d), dtype=cp.float32) if part else O
     lse_part = cp.empty((B * Hq * Nq, S), dtype=cp.float32) if part else lse
@@ -163,19 +195,22 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
 _cache: dict = {}
 
 
-def _functions(cp, d: int, tiles: int, dtype: str, smem: int):
-    key = (d, tiles, dtype, cp.cuda.Device().id)
+def _functions(cp, d: int, tiles: int, dtype: str, smem: int, version: int):
+    key = (d, tiles, dtype, version, cp.cuda.Device().id)
     if key not in _cache:
         from ._launch import NVRTC_OPTIONS
 
-        module = cp.RawModule(code=source(), options=(*NVRTC_OPTIONS, *defines(d, tiles, dtype)))
-        split_fn = module.get_function("decode_split_kv")
+        _, split_name, combine_name = VERSIONS[version]
+        opts = (*NVRTC_OPTIONS, *defines(d, tiles, dtype))
+        module = cp.RawModule(code=source(version), options=opts)
+        split_fn = module.get_function(split_name)
         split_fn.max_dynamic_shared_size_bytes = smem
-        _cache[key] = (split_fn, module.get_function("decode_combine"))
+        _cache[key] = (split_fn, module.get_function(combine_name))
     return _cache[key]
 
 
-def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, **kw):
+def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
+         **kw):  # fmt: skip
     from . import _require_gpu, _to_cupy
 
     cp = _require_gpu()
@@ -183,7 +218,7 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
     q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
     B, Hq, Nq, d = q.shape
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits)  # B = 0: nothing to run
+    plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits, version)  # B = 0: none
     if plan.grid[1] > MAX_GRID or B > MAX_GRID:
         raise ValueError(f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z")
     bt = None if bt is None else cp.asarray(bt)
@@ -198,7 +233,7 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
 
 
 def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_splits=None,
-                     return_lse=False):  # fmt: skip
+                     return_lse=False, version=DEFAULT_VERSION):  # fmt: skip
     """Attention of ``Nq <= 16`` queries per sequence to a contiguous K/V cache, split-KV.
 
     Args:
@@ -208,9 +243,11 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
         causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
         scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
         return_lse: also return ``lse (B, Hq, Nq)`` in float32.
+        version: the kernel version, a key of ``VERSIONS`` (both give the same results).
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
+    version = check_version(version)
     check_arrays(q, k, v, "k", "v")
     check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
     _, d = check_kind(q, k, v, "k", "v")
@@ -218,11 +255,13 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
     B, Nk = q.shape[0], k.shape[2]
     L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
     return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
-                causal=causal, scale=scale, num_splits=num_splits, lse=return_lse)  # fmt: skip
+                causal=causal, scale=scale, num_splits=num_splits, lse=return_lse,
+                version=version)  # fmt: skip
 
 
 def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
-                           scale=None, num_splits=None, return_lse=False):  # fmt: skip
+                           scale=None, num_splits=None, return_lse=False,
+                           version=DEFAULT_VERSION):  # fmt: skip
     """``decode_attention`` reading K/V pages through a block table (``PagedKVCache``'s layout).
 
     Args:
@@ -232,8 +271,9 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
             in use are not read (``PagedKVCache.block_table`` fills them with -1).
         lengths: integers ``(B,)``, ``0 <= lengths[b] <= max_pages * page_size``.
         causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
-        scale, num_splits, return_lse: as ``decode_attention``.
+        scale, num_splits, return_lse, version: as ``decode_attention``.
     """
+    version = check_version(version)
     check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
     if tuple(v_pages.shape) != tuple(k_pages.shape):
         raise ValueError(
@@ -252,7 +292,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
     Nk_max = int(L.max()) if B else 0
     return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,
                 page_size=ps, max_pages=bt.shape[1], Nk=Nk_max, causal=causal, scale=scale,
-                num_splits=num_splits, lse=return_lse)  # fmt: skip
+                num_splits=num_splits, lse=return_lse, version=version)  # fmt: skip
 
 
 def cache_decode_attention(q, cache, seqs, **kwargs):
