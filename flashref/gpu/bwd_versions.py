@@ -4,15 +4,18 @@ Beside the forward's ``VERSIONS`` (``versions.py``) and independent of it: a bac
 is one ``flashref/kernels/bwdN_*.cu`` file holding the main kernel ``flash_bwdN``; the
 preprocess ``D = rowsum(dO * O)`` and the dQ conversion around it are shared by every version
 (``bwd_pre_post.cu``). Nothing here imports CuPy, so the registry can be read, and the sources
-compiled with nvcc, on a machine without a GPU.
+compiled with nvcc, on a machine without a GPU. ``base_of`` and ``kernel_diff`` say what one
+version changes from the one it builds on, as the forward's do (``versions.kernel_diff``).
 """
 
 from __future__ import annotations
 
+import numbers
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .versions import _INCLUDE, DTYPE_DEFINES, KERNEL_DIR
+from .versions import _INCLUDE, DTYPE_DEFINES, KERNEL_DIR, diff_code
 
 PRE_POST_FILE = "bwd_pre_post.cu"  # bwd_preprocess and bwd_dq_convert
 PRE_THREADS = 128  # bwd_preprocess: threads per block, d / 8 of them per row
@@ -116,3 +119,33 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 # version=None picks this backward version for every (dtype, d, causal) until a recorded run
 # (results/gpu_backward.json) says another one is faster.
 BWD_DEFAULT = 1
+
+
+def _registered(number, name: str) -> BwdVersion:
+    if isinstance(number, bool) or not isinstance(number, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(number).__name__}")
+    if number not in BWD_VERSIONS:
+        raise ValueError(f"{name} must be one of {sorted(BWD_VERSIONS)}, got {number}")
+    return BWD_VERSIONS[int(number)]
+
+
+def code_lines(number: int) -> list[str]:
+    """The lines of backward version ``number``'s .cu file after its header comment."""
+    lines = _registered(number, "number").path.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if not line.startswith("//"))
+    return lines[first:]
+
+
+def base_of(number: int) -> int | None:
+    """The backward version that ``number`` changes, as the first line of its header names it
+    (``// backward version 3: version 1 with ...``); None for a version that builds on none."""
+    first = _registered(number, "number").path.read_text().splitlines()[0]
+    m = re.match(r"// backward version \d+: version (\d+)\b", first)
+    return int(m.group(1)) if m else None
+
+
+def kernel_diff(old: int, new: int) -> str:
+    """The code lines that differ from backward version ``old`` to ``new``, header comments
+    and indentation-only moves left out (the rules of the forward's ``versions.kernel_diff``)."""
+    a, b = _registered(old, "old"), _registered(new, "new")
+    return diff_code(a.file, code_lines(old), b.file, code_lines(new))

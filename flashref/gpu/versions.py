@@ -189,10 +189,15 @@ def kernel_diff(old: int, new: int) -> str:
     out by a level of indentation does not show as changed; changed lines are printed as the
     new file has them, ``-`` for the old version's lines and ``+`` for the new one's.
     """
+    return diff_code(VERSIONS[old].file, code_lines(old), VERSIONS[new].file, code_lines(new))
+
+
+def diff_code(old_file: str, a: list[str], new_file: str, b: list[str]) -> str:
+    """``kernel_diff``'s comparison of two files' code lines ``a`` and ``b`` (also used for
+    the backward versions, ``bwd_versions.kernel_diff``)."""
     import difflib
 
-    a, b = code_lines(old), code_lines(new)
-    out = [f"--- {VERSIONS[old].file}", f"+++ {VERSIONS[new].file}"]
+    out = [f"--- {old_file}", f"+++ {new_file}"]
     matcher = difflib.SequenceMatcher(None, [x.strip() for x in a], [x.strip() for x in b])
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
