@@ -255,8 +255,8 @@ def test_hopper_version_runs_on_compute_9_0_only():
 
 
 def test_warp_specialised_versions_registry():
-    """Version 20: a producer warpgroup beside two consumers, a ring of three stages."""
-    for number in (20,):
+    """Versions 20 and 21: a producer warpgroup beside two consumers, a ring of three stages."""
+    for number in (20, 21):
         ver = fg.VERSIONS[number]
         assert ver.arch == "sm_90a" and ver.tma and ver.runs_on((9, 0)) and not ver.runs_on((10, 0))
         assert ver.threads == 3 * 128 and ver.Br == 128 and ver.kv_buffers == 3
@@ -266,7 +266,7 @@ def test_warp_specialised_versions_registry():
         assert "#define KV_STAGES 3" in text and "setmaxnreg_dec<PRODUCER_REGS>" in text
     from flashref.gpu.versions import base_of
 
-    assert base_of(20) == 19
+    assert base_of(20) == 19 and base_of(21) == 20
 
 
 def test_default_versions_are_the_fastest_in_the_recorded_run():
