@@ -304,9 +304,9 @@ def test_every_tensor_core_version_is_checked():
     assert not {v.number for v in LDSM_VERSIONS} & {v.number for v in HOPPER_VERSIONS}
 
 
-# a Hopper version packs P as a[kk][r] = pack_half2(s[i], s[i']) over the flat accumulator
-# s[4 j + e] (wgmma's C layout: 8-column tile j, element e of the mma.sync C fragment)
-FLAT_PACK = re.compile(r"a\[kk\]\[r\] = pack_half2\(s\[([^\]]+)\], s\[([^\]]+)\]\)")
+# a Hopper version packs P as a[kk][r] (or p[kk][r]) = pack_half2(s[i], s[i']) over the flat
+# accumulator s[4 j + e] (wgmma's C layout: 8-column tile j, element e of the mma.sync C fragment)
+FLAT_PACK = re.compile(r"[ap]\[kk\]\[r\] = pack_half2\(s\[([^\]]+)\], s\[([^\]]+)\]\)")
 
 
 @pytest.mark.parametrize("ver", HOPPER_VERSIONS, ids=lambda v: f"v{v.number}")

@@ -39,7 +39,7 @@ SHAPES = [
 
 def _versions():
     """Every version but the architecture-specific (sm_90a) ones: those run only on compute
-    capability 9.0, each case in its own process (tests/test_gpu_v19.py)."""
+    capability 9.0, each case in its own process (tests/test_gpu_sm90a.py)."""
     from flashref.gpu import VERSIONS
 
     return [v for v in VERSIONS.values() if not v.arch]

@@ -254,6 +254,21 @@ def test_hopper_version_runs_on_compute_9_0_only():
     assert v19.smem_bytes(128) == 2 * (128 + 4 * 64) * 128 + 1024
 
 
+def test_warp_specialised_versions_registry():
+    """Versions 20 and 21: a producer warpgroup beside two consumers, a ring of three stages."""
+    for number in (20, 21):
+        ver = fg.VERSIONS[number]
+        assert ver.arch == "sm_90a" and ver.tma and ver.runs_on((9, 0)) and not ver.runs_on((10, 0))
+        assert ver.threads == 3 * 128 and ver.Br == 128 and ver.kv_buffers == 3
+        assert ver.smem_bytes(64) == 2 * (128 + 6 * 128) * 64 + 1024
+        assert ver.smem_bytes(128) == 2 * (128 + 6 * 64) * 128 + 1024
+        text = ver.path.read_text()
+        assert "#define KV_STAGES 3" in text and "setmaxnreg_dec<PRODUCER_REGS>" in text
+    from flashref.gpu.versions import base_of
+
+    assert base_of(20) == 19 and base_of(21) == 20
+
+
 def test_default_versions_are_the_fastest_in_the_recorded_run():
     """PREFERENCE says what results/gpu_bench.json says: per (dtype, d, causal), the version
     with the highest median TFLOP/s over the sequence lengths of the recorded run."""

@@ -174,6 +174,30 @@ def test_hopper_version_compiles_for_sm90a(ver, d, dtype, tmp_path):
     assert frame.groups() == ("0", "0", "0"), report
     assert int(regs.group(1)) * ver.threads <= 64 * 1024, report  # one block fits an SM
     assert "C7510" not in report and "serialized" not in report, report
+    if "setmaxnreg_inc<" in ver.path.read_text():
+        _check_register_split(ver, int(regs.group(1)), report)
+
+
+def _check_register_split(ver, regs: int, report: str) -> None:
+    """setmaxnreg (PTX ISA): budgets are multiples of 8 in 24..256, and the warpgroups' budgets
+    after it fit in what the block was given at launch: ptxas caps every thread at entry at
+    65536 / threads rounded down to 8 (from __launch_bounds__(threads, 1)), and that whole
+    allocation is what the producer gives back and the consumers take."""
+    text = ver.path.read_text()
+    producer = int(re.search(r"#define PRODUCER_REGS (\d+)", text)[1])
+    consumer = int(re.search(r"#define CONSUMER_REGS (\d+)", text)[1])
+    n_consumer_wg = int(re.search(r"#define NWG (\d+)", text)[1])
+    assert ver.threads == 128 * (n_consumer_wg + 1), (ver.threads, n_consumer_wg)
+    assert "__launch_bounds__(NTHREADS, 1)" in text
+    for budget in (producer, consumer):
+        assert budget % 8 == 0 and 24 <= budget <= 256, budget
+    entry = (64 * 1024 // ver.threads) // 8 * 8
+    assert regs == entry, f"ptxas gave {regs} registers at entry, expected {entry}:\n{report}"
+    assert producer <= entry <= consumer, (producer, entry, consumer)
+    assert 128 * (producer + n_consumer_wg * consumer) <= entry * ver.threads, (
+        f"v{ver.number}: 128 x ({producer} + {n_consumer_wg} x {consumer}) registers after "
+        f"setmaxnreg > {entry} x {ver.threads} at launch"
+    )
 
 
 def test_hopper_header_refuses_plain_sm90(tmp_path):

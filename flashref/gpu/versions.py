@@ -149,6 +149,14 @@ VERSIONS: dict[int, Version] = {
                 "Hopper: wgmma for both products, K/V by TMA into 2 mbarrier stages, Br = 128",
                 "v19_wgmma.cu", 128, 256, min_cc=(9, 0), bc64=128, bc128=64, arch="sm_90a",
                 tma=True),
+        Version(20, "warp_specialised", _TC, _TC_DIMS,
+                "v19 + a producer warpgroup issuing TMA into 3 stages, setmaxnreg 24 / 240",
+                "v20_warp_specialised.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=64,
+                kv_buffers=3, arch="sm_90a", tma=True),
+        Version(21, "overlap", _TC, _TC_DIMS,
+                "v20 with the next tile's S = Q K^T issued before this tile's softmax",
+                "v21_overlap.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=64,
+                kv_buffers=3, arch="sm_90a", tma=True),
     )
 }  # fmt: skip
 

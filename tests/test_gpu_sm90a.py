@@ -1,12 +1,14 @@
-"""Version 19 (wgmma, TMA, mbarriers; sm_90a) against float64, in child processes.
+"""The sm_90a versions (wgmma, TMA, mbarriers; 19 and after) against float64, in child processes.
 
 The cases of tests/test_gpu.py (its shapes, inputs, float64 reference, same-precision naive
 baseline and 2x-naive tolerance, NaN-poisoned outputs, lse, bitwise repeatability), for fp16
-and bf16 at d = 64 and 128, causal and not. An illegal instruction poisons the CUDA context of
-a process and a barrier waited on with the wrong parity hangs, so each (dtype, d) runs in its
-own process with a timeout (``python tests/test_gpu_v19.py DTYPE D``), printing one JSON line
-per case as it finishes; a case whose line never came names the one that crashed or hung.
-Skipped unless the GPU has compute capability 9.0.
+and bf16 at d = 64 and 128, causal and not, for every version whose ``arch`` is sm_90a. An
+illegal instruction poisons the CUDA context of a process and a barrier waited on with the wrong
+parity hangs, so each (version, dtype, d) runs in its own process with a timeout
+(``python tests/test_gpu_sm90a.py NUMBER DTYPE D``), printing one JSON line per case as it
+finishes; a case whose line never came names the one that crashed or hung. The children are
+started together (the first test that needs a result starts them all) and each has its own
+timeout. Skipped unless the GPU has compute capability 9.0.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +25,14 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-NUMBER = 19
-TIMEOUT_S = 60
+TIMEOUT_S = 90  # per child; the children run at the same time on one GPU
 HERE = Path(__file__).resolve().parent
-GROUPS = [(dt, d) for dt in ("float16", "bfloat16") for d in (64, 128)]
+sys.path.insert(0, str(HERE.parent))  # the repository root: flashref without an install
+from flashref.gpu.versions import VERSIONS  # noqa: E402  (no CuPy needed)
+
+NUMBERS = [n for n, v in VERSIONS.items() if v.arch == "sm_90a"]
+GROUPS = [(n, dt, d) for n in NUMBERS for dt in ("float16", "bfloat16") for d in (64, 128)]
+GROUP_IDS = [f"v{n}-{dt}-d{d}" for n, dt, d in GROUPS]
 REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
 
 
@@ -72,7 +79,7 @@ def _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal) -> dict:
     }  # fmt: skip
 
 
-def _child(dtype: str, d: int) -> None:
+def _child(number: int, dtype: str, d: int) -> None:
     sys.path.insert(0, str(HERE))
     import test_gpu as base
 
@@ -81,7 +88,7 @@ def _child(dtype: str, d: int) -> None:
     cp = _require_gpu()
     if dtype == "bfloat16":
         import ml_dtypes  # noqa: F401
-    ver = VERSIONS[NUMBER]
+    ver = VERSIONS[number]
     for lead, Nq, Nk, causal in CASES:
         res = _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal)
         print(json.dumps({"case": [list(lead), Nq, Nk, causal], **res}), flush=True)
@@ -92,11 +99,11 @@ def _child(dtype: str, d: int) -> None:
     same_lse = cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
     differ = int((O1.view(np.uint16) != O2.view(np.uint16)).sum())
     print(json.dumps({"case": "repeat", "O_bits_differ": differ, "lse_same": same_lse}), flush=True)
-    print(json.dumps({"case": "api", **_check_api(cp, dtype, d)}), flush=True)
+    print(json.dumps({"case": "api", **_check_api(cp, number, dtype, d)}), flush=True)
 
 
-def _check_api(cp, dtype: str, d: int) -> dict:
-    """flash_attention(version=19): a transposed (non-contiguous) q, a negative scale, Nk = 0."""
+def _check_api(cp, number: int, dtype: str, d: int) -> dict:
+    """flash_attention(version=number): q transposed (not contiguous), a negative scale, Nk = 0."""
     from flashref import naive_attention
     from flashref.gpu import flash_attention
     from flashref.gpu.selfcheck import host_dtype
@@ -107,12 +114,12 @@ def _check_api(cp, dtype: str, d: int) -> dict:
     x64 = x.astype(np.float64).transpose(0, 2, 1, 3)
     errs = {}
     for scale in (-0.3, 0.05):
-        O = flash_attention(q, q, q, scale=scale, version=NUMBER)
+        O = flash_attention(q, q, q, scale=scale, version=number)
         ref = naive_attention(x64, x64, x64, scale=scale)
         errs[str(scale)] = float(np.linalg.norm(cp.asnumpy(O).astype(np.float64) - ref)
                                  / np.linalg.norm(ref))  # fmt: skip
     empty = cp.zeros((2, 3, 0, d), dtype=q.dtype)
-    O, lse = flash_attention(q, empty, empty, version=NUMBER, return_lse=True)
+    O, lse = flash_attention(q, empty, empty, version=number, return_lse=True)
     no_keys = bool((cp.asnumpy(O) == 0).all() and np.isneginf(cp.asnumpy(lse)).all())
     return {"errs": errs, "no_keys_zeros_and_neg_inf": no_keys}
 
@@ -127,13 +134,12 @@ def hopper():
     cp = _require_gpu()
     cc = cp.cuda.Device().compute_capability
     if cc != "90":
-        pytest.skip(f"version {NUMBER} needs compute capability 9.0 (sm_90a); this GPU is {cc}")
+        pytest.skip(f"versions {NUMBERS} need compute capability 9.0 (sm_90a); this GPU is {cc}")
 
 
-@functools.cache
-def _group(dtype: str, d: int) -> tuple[dict, str]:
+def _run_child(number: int, dtype: str, d: int) -> tuple[dict, str]:
     """{case key: result} of one child process, and what went wrong with it ('' if nothing)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), dtype, str(d)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(number), dtype, str(d)]
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE.parent
@@ -154,19 +160,27 @@ def _group(dtype: str, d: int) -> tuple[dict, str]:
     return results, trouble
 
 
-def _result(dtype, d, key):
-    results, trouble = _group(dtype, d)
+@functools.cache
+def _groups() -> dict:
+    """Every child's (results, trouble), keyed by (number, dtype, d); all started at once."""
+    with ThreadPoolExecutor(max_workers=len(GROUPS)) as pool:
+        done = pool.map(lambda g: _run_child(*g), GROUPS)
+        return dict(zip(GROUPS, done, strict=True))
+
+
+def _result(number, dtype, d, key):
+    results, trouble = _groups()[(number, dtype, d)]
     if key not in results:
-        pytest.fail(f"v{NUMBER} {dtype} d={d}: no result for case {key}: {trouble or 'missing'}")
+        pytest.fail(f"v{number} {dtype} d={d}: no result for case {key}: {trouble or 'missing'}")
     return results[key]
 
 
 @pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
                                                           for c in CASES])  # fmt: skip
-@pytest.mark.parametrize("dtype,d", GROUPS, ids=[f"{dt}-d{d}" for dt, d in GROUPS])
-def test_v19_matches_float64(hopper, dtype, d, lead, Nq, Nk, causal):
-    r = _result(dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
-    what = f"v{NUMBER} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal}"
+@pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
+def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
+    r = _result(number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
+    what = f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal}"
     assert r["O_nan"] == 0, (
         f"{what}: {r['O_nan']} elements of O are NaN (unwritten?), e.g. {r['worst']}"
     )
@@ -180,25 +194,24 @@ def test_v19_matches_float64(hopper, dtype, d, lead, Nq, Nk, causal):
     )
 
 
-@pytest.mark.parametrize("dtype,d", GROUPS, ids=[f"{dt}-d{d}" for dt, d in GROUPS])
-def test_v19_same_inputs_same_bits(hopper, dtype, d):
-    r = _result(dtype, d, json.dumps("repeat"))
-    assert r["O_bits_differ"] == 0 and r["lse_same"], f"v{NUMBER} {dtype} d={d} {REPEAT}: {r}"
+@pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
+def test_sm90a_same_inputs_same_bits(hopper, number, dtype, d):
+    r = _result(number, dtype, d, json.dumps("repeat"))
+    assert r["O_bits_differ"] == 0 and r["lse_same"], f"v{number} {dtype} d={d} {REPEAT}: {r}"
 
 
-@pytest.mark.parametrize("dtype,d", GROUPS, ids=[f"{dt}-d{d}" for dt, d in GROUPS])
-def test_v19_public_api(hopper, dtype, d):
+@pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
+def test_sm90a_public_api(hopper, number, dtype, d):
     from flashref.gpu.tolerances import CEILING
 
-    r = _result(dtype, d, json.dumps("api"))
+    r = _result(number, dtype, d, json.dumps("api"))
     for scale, err in r["errs"].items():
         assert err <= CEILING[dtype], (
-            f"v{NUMBER} {dtype} d={d} q (2, 3, 50, {d}) transposed, scale {scale}: "
+            f"v{number} {dtype} d={d} q (2, 3, 50, {d}) transposed, scale {scale}: "
             f"rel err {err:.3e} > ceiling {CEILING[dtype]:.1e}"
         )
-    assert r["no_keys_zeros_and_neg_inf"], f"v{NUMBER} {dtype} d={d} Nk = 0: {r}"
+    assert r["no_keys_zeros_and_neg_inf"], f"v{number} {dtype} d={d} Nk = 0: {r}"
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))  # the repository root: flashref without an install
-    _child(sys.argv[1], int(sys.argv[2]))
+    _child(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
