@@ -184,6 +184,30 @@ def test_every_split_count_matches_split_kv_attention(cp, version, dtype):
         )
 
 
+@pytest.mark.parametrize("dtype,d", [("float16", 128), ("bfloat16", 64)])
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_many_splits_match_float64(cp, version, dtype, d):
+    """Split counts across the combine's lane map: version 3 holds splits s, s + 32, ... of
+    a row in lane s % 32 and loads 16 splits' O per round (at d = 64, two per warp step), so
+    S = 15, 16, 17, 31, 32, 33, 64, 100, 128 cross every edge; 130 tiles, so every split has
+    keys; one row of length 1000 makes most of its splits empty."""
+    from flashref.gpu import decode_attention
+
+    B, Hq, Hkv, Nq, Nk = 2, 8, 2, 2, 64 * 130 - 5
+    lengths = [Nk, 1000]
+    q, k, v = _inputs(dtype, B, Hq, Hkv, Nq, Nk, d, "many-splits")
+    allowed = _allowed(lengths, Nq, Nk, False)
+    ref, ref_lse = _reference(q, k, v, allowed)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(d))
+    qc, kc, vc = (cp.asarray(x) for x in (q, k, v))
+    L = cp.asarray(np.array(lengths, dtype=np.int32))
+    for S in (15, 16, 17, 31, 32, 33, 64, 100, 128):
+        O, lse = decode_attention(qc, kc, vc, lengths=L, num_splits=S, return_lse=True,
+                                  version=version)  # fmt: skip
+        label = f"v{version} {dtype} d={d} Nk={Nk} L={lengths} num_splits={S}"
+        _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+
+
 def _paged_case(dtype, page_size, Hkv, d, lengths, seed):
     """A float64 PagedKVCache of dtype-rounded values, filled in ragged round-robin chunks
     (so sequences' pages interleave), one sequence freed and its pages reused; then the pool
