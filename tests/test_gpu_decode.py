@@ -23,6 +23,7 @@ from flashref.gpu.tolerances import LSE_TOL, tolerance
 
 pytestmark = pytest.mark.gpu
 DECODE_VERSIONS = sorted(VERSIONS)  # every kernel version runs every case
+VERSION_IDS = [f"v{v}" for v in DECODE_VERSIONS]  # -k v3 picks version 3's cases
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +141,7 @@ NK = 300  # keys in the cache; not a multiple of any tile
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,lengths", SHAPES)
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_decode_matches_float64(cp, version, B, Hq, Hkv, Nq, lengths, dtype, d, causal):
     from flashref.gpu import decode_attention
 
@@ -159,7 +160,7 @@ def test_decode_matches_float64(cp, version, B, Hq, Hkv, Nq, lengths, dtype, d, 
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_every_split_count_matches_split_kv_attention(cp, version, dtype):
     """num_splits from 1 to past the 7 tiles of Nk = 389 (empty splits included), all keys."""
     from flashref.gpu import decode_attention
@@ -182,6 +183,30 @@ def test_every_split_count_matches_split_kv_attention(cp, version, dtype):
             ref_lse,
             naive,
         )
+
+
+@pytest.mark.parametrize("dtype,d", [("float16", 128), ("bfloat16", 64)])
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
+def test_many_splits_match_float64(cp, version, dtype, d):
+    """Split counts across the combine's lane map: version 3 holds splits s, s + 32, ... of
+    a row in lane s % 32 and loads 16 splits' O per round (at d = 64, two per warp step), so
+    S = 15, 16, 17, 31, 32, 33, 64, 100, 128 cross every edge; 130 tiles, so every split has
+    keys; one row of length 1000 makes most of its splits empty."""
+    from flashref.gpu import decode_attention
+
+    B, Hq, Hkv, Nq, Nk = 2, 8, 2, 2, 64 * 130 - 5
+    lengths = [Nk, 1000]
+    q, k, v = _inputs(dtype, B, Hq, Hkv, Nq, Nk, d, "many-splits")
+    allowed = _allowed(lengths, Nq, Nk, False)
+    ref, ref_lse = _reference(q, k, v, allowed)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(d))
+    qc, kc, vc = (cp.asarray(x) for x in (q, k, v))
+    L = cp.asarray(np.array(lengths, dtype=np.int32))
+    for S in (15, 16, 17, 31, 32, 33, 64, 100, 128):
+        O, lse = decode_attention(qc, kc, vc, lengths=L, num_splits=S, return_lse=True,
+                                  version=version)  # fmt: skip
+        label = f"v{version} {dtype} d={d} Nk={Nk} L={lengths} num_splits={S}"
+        _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
 
 def _paged_case(dtype, page_size, Hkv, d, lengths, seed):
@@ -230,7 +255,7 @@ def _naive_paged(cp, cache, seqs, q, dtype, causal):
 @pytest.mark.parametrize("page_size", [16, 64, 100])
 @pytest.mark.parametrize("dtype,d", [("float16", 128), ("bfloat16", 64)])
 @pytest.mark.parametrize("Hq,Hkv,Nq", [(8, 2, 1), (4, 4, 3), (8, 1, 16)])
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_paged_matches_paged_attention(cp, version, Hq, Hkv, Nq, dtype, d, page_size, causal):
     """page_size 16 and 64: version 2 reads the table once per 16 keys; 100: once per key."""
     from flashref.gpu import paged_decode_attention
@@ -253,7 +278,7 @@ def test_paged_matches_paged_attention(cp, version, Hq, Hkv, Nq, dtype, d, page_
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
 
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_cache_convenience_and_host_tables(cp, version):
     """A PagedKVCache with its pools on the GPU; the block table straight from block_table()."""
     from flashref.gpu import cache_decode_attention
@@ -279,7 +304,7 @@ def test_cache_convenience_and_host_tables(cp, version):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_same_inputs_same_bits(cp, version, dtype):
     from flashref.gpu import decode_attention
 
@@ -293,7 +318,7 @@ def test_same_inputs_same_bits(cp, version, dtype):
         assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"v{version}: lse, {S=}"
 
 
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_scale_all_empty_and_noncontiguous(cp, version):
     from flashref.gpu import decode_attention
 
@@ -321,7 +346,7 @@ def test_scale_all_empty_and_noncontiguous(cp, version):
     assert np.isneginf(cp.asnumpy(lse)).all(), f"v{version}: no key seen, lse is not -inf"
 
 
-@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_torch_tensors_in_and_out(cp, version):
     torch = pytest.importorskip("torch")
     from flashref.gpu import decode_attention

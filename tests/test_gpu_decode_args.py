@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 import sys
 
 import numpy as np
@@ -171,9 +172,9 @@ def test_bench_decode_is_a_target():
 @pytest.mark.parametrize(
     "version,error,match",
     [
-        (3, ValueError, r"version is 3; the decode kernel versions are \[1, 2\]"),
+        (4, ValueError, r"version is 4; the decode kernel versions are \[1, 2, 3\]"),
         (0, ValueError, r"version is 0"),
-        ("2", TypeError, r"version must be an int in \[1, 2\], got '2'"),
+        ("2", TypeError, r"version must be an int in \[1, 2, 3\], got '2'"),
         (True, TypeError, r"version must be an int"),
         (2.0, TypeError, r"version must be an int"),
     ],
@@ -220,6 +221,7 @@ def test_bench_decode_rows_per_version():
 
     assert bench.impl_names(1) == ("flashref", "flashref_paged")
     assert bench.impl_names(2) == ("flashref_v2", "flashref_paged_v2")
+    assert bench.impl_names(3) == ("flashref_v3", "flashref_paged_v3")
     with pytest.raises(SystemExit):
         bench.main(["--versions", "7"])
 
@@ -243,3 +245,34 @@ def test_decode_profile_plan_and_kernel_rows():
     assert row["us"] == 30.0 and row["dram_read_mb"] == 134.0 and row["l2_hit_pct"] == 12.5
     assert list(row["top_stalls"]) == ["long_scoreboard", "wait", "lg", "barrier"]
     assert row["dram_pct"] is None  # a counter ncu did not report stays None, not 0
+
+
+def test_version_3_is_version_2_with_its_own_combine():
+    """Version 3: version 2's split kernel (its text pasted in), plan and shared memory; a
+    combine kernel of its own, whose lse registers cover MAX_SPLITS splits."""
+    _, split3, combine3 = dec.VERSIONS[3]
+    assert split3 == dec.VERSIONS[2][1] and combine3 == "decode_combine_v3"
+    text2, text3 = dec.source(2), dec.source(3)
+    assert text2 in text3 and not re.search(r"^#include", text3, re.M)  # nested ones too
+    assert text3.count("decode_split_kv_v2(") == 1 and text3.count("decode_combine_v3(") == 1
+    assert re.search(r"^#define MAX_S (\d+)", text3, re.M).group(1) == str(dec.MAX_SPLITS)
+    for shape in ((1, 32, 8, 1, 32768, 128, 132), (8, 8, 1, 16, 4096, 64, 132)):
+        p2, p3 = fg.decode_plan(*shape, version=2), fg.decode_plan(*shape, version=3)
+        assert p3.version == 3 and (p2.grid, p2.threads, p2.smem_bytes, p2.num_splits) == (
+            p3.grid, p3.threads, p3.smem_bytes, p3.num_splits)  # fmt: skip
+
+
+def test_version_3_refuses_more_splits_than_its_combine_holds(no_cupy):
+    q, k, v = _qkv()
+    match = r"num_splits is 129; decode version 3 merges at most 128 splits"
+    with pytest.raises(ValueError, match=match):
+        fg.decode_attention(q, k, v, num_splits=129, version=3)
+    with pytest.raises(ValueError, match=match):
+        fg.paged_decode_attention(*_paged(), np.zeros((2, 1), int), [1, 1], num_splits=129,
+                                  version=3)  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=129, version=3)
+    assert dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=128, version=3).num_splits == 128
+    assert dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=129, version=2).num_splits == 129
+    with pytest.raises(fg.GPUUnavailableError):  # 128 passes the check and reaches the GPU's
+        fg.decode_attention(q, k, v, num_splits=128, version=3)

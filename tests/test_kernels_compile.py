@@ -14,6 +14,7 @@ import pytest
 
 from flashref.gpu import BWD_VERSIONS, KERNEL_DIR, VERSIONS
 from flashref.gpu.bwd_versions import PRE_POST_FILE, pre_post_source
+from flashref.gpu.decode import VERSIONS as DECODE_VERSIONS
 
 pytestmark = pytest.mark.nvcc
 
@@ -71,8 +72,8 @@ def test_probe_compiles_for_sm90(name, tmp_path):
     print(f"\n{name}:\n{proc.stdout + proc.stderr}")
 
 
-DECODE_CASES = [(ver, d, rt, dt) for ver in (1, 2) for d in (64, 128) for rt in (1, 2)
-                for dt in ("float16", "bfloat16")]  # fmt: skip
+DECODE_CASES = [(ver, d, rt, dt) for ver in sorted(DECODE_VERSIONS) for d in (64, 128)
+                for rt in (1, 2) for dt in ("float16", "bfloat16")]  # fmt: skip
 
 
 @pytest.mark.parametrize(

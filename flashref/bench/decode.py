@@ -1,6 +1,6 @@
 """Decode benchmark: flashref's split-KV kernel (contiguous and paged) beside torch SDPA.
 
-    python -m flashref.bench decode [--rounds 5] [--dtypes float16 bfloat16] [--versions 1 2]
+    python -m flashref.bench decode [--rounds 5] [--dtypes float16 bfloat16] [--versions 1 2 3]
                                     [--out PATH]
 
 One new token per sequence (Nq = 1), d = 128, Hq = 32 query heads with Hkv = 32 (multi-head)

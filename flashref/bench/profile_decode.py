@@ -1,7 +1,7 @@
 """Nsight Compute counters of the decode kernel versions: why one streams K/V faster.
 
     python -m flashref.bench profile --decode [--out results/gpu_decode_profile.json]
-                                              [--versions 1 2]
+                                              [--versions 1 2 3]
 
 Every decode version (``flashref.gpu.decode.VERSIONS``, or ``--versions``) at the shapes of
 ``DECODE_SHAPES``: one new query per sequence, Hq = 32, d = 128, fp16, Nk = 32k keys, where

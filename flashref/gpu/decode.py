@@ -19,11 +19,14 @@ The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key ti
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch.
 
-Two kernel versions compute the same thing (``version=``, default 1): version 1
+Three kernel versions compute the same thing (``version=``, default 1): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
 barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
 sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
-the other warps only at the end. Both use the same grid, shared memory and split rule.
+the other warps only at the end; version 3 (``decode_split_kv_v3.cu``) is version 2's split
+kernel with a combine kernel built for latency (every split's lse loaded at once, 16 splits'
+16-byte loads of O in flight together). All use the same grid, split rule and partial layout;
+versions 2 and 3 the same shared memory.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ FILE = "decode_split_kv.cu"  # version 1
 VERSIONS = {
     1: (FILE, "decode_split_kv", "decode_combine"),
     2: ("decode_split_kv_v2.cu", "decode_split_kv_v2", "decode_combine_v2"),
+    3: ("decode_split_kv_v3.cu", "decode_split_kv_v2", "decode_combine_v3"),  # v2's split kernel
 }
 DEFAULT_VERSION = 1
 BC = 64  # keys per tile (16 per warp, 4 warps)
@@ -63,7 +67,7 @@ BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles 
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurement
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh?)".*$', re.MULTILINE)  # .cuh or a version
 
 
 def check_version(version) -> int:
@@ -75,10 +79,24 @@ def check_version(version) -> int:
     return int(version)
 
 
+def check_splits(num_splits, version: int):
+    """Version 3's combine holds each row's lse in registers: at most ``MAX_SPLITS`` splits."""
+    if version == 3 and num_splits is not None and num_splits > MAX_SPLITS:
+        raise ValueError(
+            f"num_splits is {num_splits}; decode version 3 merges at most {MAX_SPLITS} splits"
+        )
+    return num_splits
+
+
 def source(version: int = DEFAULT_VERSION) -> str:
-    """The kernel's text with ``mma_common.cuh`` pasted in (as ``Version.source`` does)."""
-    text = (KERNEL_DIR / VERSIONS[check_version(version)][0]).read_text()
-    return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), text)
+    """The kernel's text with its includes pasted in (as ``Version.source`` does), nested ones
+    too: version 3's file includes version 2's, which includes ``mma_common.cuh``."""
+    return _expand(VERSIONS[check_version(version)][0])
+
+
+def _expand(name: str) -> str:
+    text = (KERNEL_DIR / name).read_text()
+    return _INCLUDE.sub(lambda m: _expand(m.group(1)), text)
 
 
 def defines(d: int, row_tiles: int, dtype: str) -> tuple[str, ...]:
@@ -88,7 +106,7 @@ def defines(d: int, row_tiles: int, dtype: str) -> tuple[str, ...]:
 def smem_bytes(d: int, row_tiles: int, version: int = DEFAULT_VERSION) -> int:
     """Dynamic shared memory of one block, rows of d + 8 halves: the Q rows, then STAGES
     (K, V) tiles of BC keys (version 1) or NWARPS rings of STAGES_W (K, V) sub-tiles of BK
-    keys (version 2)."""
+    keys (versions 2 and 3: one split kernel)."""
     if check_version(version) == 1:
         return 2 * (16 * row_tiles + STAGES * 2 * BC) * (d + 8)
     return 2 * (16 * row_tiles + NWARPS * STAGES_W[d] * 2 * BK) * (d + 8)
@@ -146,6 +164,7 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     tiles, blocks = row_tiles(G, Nq)
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks)
+    check_splits(num_splits, version)
     grid = (num_splits, Hkv * blocks, B)
     smem = smem_bytes(d, tiles, version)
     return DecodePlan(num_splits, tiles, blocks, grid, THREADS, smem, version)
@@ -252,6 +271,7 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
     check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
     _, d = check_kind(q, k, v, "k", "v")
     causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    check_splits(num_splits, version)
     B, Nk = q.shape[0], k.shape[2]
     L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
     return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
@@ -287,6 +307,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
         )
     _, d = check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
     causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    check_splits(num_splits, version)
     B = q.shape[0]
     bt, L = check_block_table(block_table, lengths, B, P, ps)
     Nk_max = int(L.max()) if B else 0
