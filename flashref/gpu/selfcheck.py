@@ -63,12 +63,22 @@ def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0, dtype: str
     return rel, lse_err
 
 
-def check_decode() -> int:
-    """The decode kernels on small cases (ragged lengths with 0 and 1, splits past the tiles,
-    a shuffled block table with partly filled pages, causal and not); returns failures."""
+def check_decode(versions=None) -> int:
+    """Every decode version (or those in ``versions``) on small cases (ragged lengths with 0
+    and 1, splits past the tiles, a shuffled block table with partly filled pages, causal and
+    not); returns failures."""
     cp = _require_gpu()
+    from .decode import VERSIONS as DECODE_VERSIONS
     from .decode import decode_attention, paged_decode_attention
 
+    failed = 0
+    for number in sorted(DECODE_VERSIONS):
+        if not versions or number in versions:
+            failed += _check_decode_version(cp, number, decode_attention, paged_decode_attention)
+    return failed
+
+
+def _check_decode_version(cp, version, decode_attention, paged_decode_attention) -> int:
     failed = 0
     for dtype, d, S, causal in [
         ("float16", 64, 1, False),
@@ -95,10 +105,11 @@ def check_decode() -> int:
         table = (B * n - 1 - np.arange(B * n)).reshape(B, n).astype(np.int32)
         outs = {
             "contiguous": decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v),
-                                           lengths=L, causal=causal, num_splits=S),
+                                           lengths=L, causal=causal, num_splits=S,
+                                           version=version),
             "paged": paged_decode_attention(cp.asarray(q), cp.asarray(np.ascontiguousarray(kp)),
                                             cp.asarray(np.ascontiguousarray(vp)), table, L,
-                                            causal=causal, num_splits=S),
+                                            causal=causal, num_splits=S, version=version),
         }  # fmt: skip
         for what, O in outs.items():
             out = cp.asnumpy(O).astype(np.float64)
@@ -106,8 +117,9 @@ def check_decode() -> int:
             ok = not np.isnan(out).any() and rel <= LIMIT[dtype]
             failed += not ok
             flag = "" if ok else "  FAIL"
-            print(f"decode {what:10s} {dtype:8s} d={d:3d} splits={S} causal={causal!s:12s} "
-                  f"Nq={Nq} lengths {L.tolist()}: rel err {rel:.2e}{flag}")  # fmt: skip
+            print(f"decode v{version} {what:10s} {dtype:8s} d={d:3d} splits={S} "
+                  f"causal={causal!s:12s} Nq={Nq} lengths {L.tolist()}: "
+                  f"rel err {rel:.2e}{flag}")  # fmt: skip
     return failed
 
 
@@ -170,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.backward:
         return main_backward(args, cp)
     if args.decode:
-        failed = check_decode()
+        failed = check_decode(args.versions)
         cp.cuda.runtime.deviceSynchronize()
         print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
         return 1 if failed else 0
