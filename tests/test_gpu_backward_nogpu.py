@@ -254,3 +254,25 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
     doc = json.loads(out.read_text())
     assert doc["meta"]["metrics_missing"] == list(profile.BWD_METRICS)
     assert len(doc["rows"]) == 2 * len(fg.BWD_VERSIONS)
+
+
+def test_default_backward_versions_are_the_fastest_in_the_recorded_run():
+    """BWD_PREFERENCE says what results/gpu_backward.json says: per (dtype, d, causal), the
+    backward version with the highest median TFLOP/s over the recorded sequence lengths."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from flashref.gpu.bwd_versions import BWD_PREFERENCE
+
+    path = Path(__file__).parent.parent / "results" / "gpu_backward.json"
+    rows = json.loads(path.read_text())["rows"]
+    tflops = {}
+    for r in rows:
+        if r["impl"] == "flashref" and r["direction"] == "backward" and r["tflops"]:
+            key = (r["dtype"], r["d"], r["causal"])
+            tflops.setdefault(key, {}).setdefault(r["version"], []).append(r["tflops"])
+    assert set(tflops) == set(BWD_PREFERENCE), "the recorded run and the table cover other cases"
+    for key, by_version in tflops.items():
+        medians = {v: statistics.median(t) for v, t in by_version.items()}
+        assert BWD_PREFERENCE[key] == max(medians, key=medians.get), (key, medians)

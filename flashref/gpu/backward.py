@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
 from .bwd_versions import (
-    BWD_DEFAULT,
+    BWD_PREFERENCE,
     BWD_VERSIONS,
     CONVERT_THREADS,
     PRE_THREADS,
@@ -75,12 +75,13 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
         raise TypeError(
             f"q has dtype {dtype}; flash_attention_backward supports {', '.join(BWD_DTYPES)}"
         )
-    return dtype, d, scale, _check_bwd_version(version, dtype, d), G
+    return dtype, d, scale, _check_bwd_version(version, dtype, d, bool(causal)), G
 
 
-def _check_bwd_version(version, dtype: str, d: int) -> BwdVersion:
+def _check_bwd_version(version, dtype: str, d: int, causal: bool = False) -> BwdVersion:
     if version is None:
-        ver = BWD_VERSIONS[BWD_DEFAULT]
+        # an unsupported d has no entry: version 1's check below names the head dims
+        ver = BWD_VERSIONS[BWD_PREFERENCE.get((dtype, d, causal), 1)]
     elif isinstance(version, bool) or not isinstance(version, numbers.Integral):
         raise TypeError(f"version must be an int or None, got {type(version).__name__}")
     elif version not in BWD_VERSIONS:
