@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+# Every test of this file reads the results of the same children (started once per process):
+# under pytest-xdist run it with --dist loadgroup, so that one worker starts them, not each.
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("sm90a")]
 
 TIMEOUT_S = 90  # per child; the children run at the same time on one GPU
 HERE = Path(__file__).resolve().parent
