@@ -4,29 +4,14 @@ backward registry is complete. Runs everywhere (CuPy's absence is simulated)."""
 
 from __future__ import annotations
 
-import builtins
 import json
 import re
-import sys
 
 import numpy as np
 import pytest
 
 import flashref.gpu as fg
 from flashref import naive_attention_backward
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    real_import = builtins.__import__
-
-    def fake_import(name, *args, **kwargs):
-        if name == "cupy" or name.startswith("cupy."):
-            raise ImportError("No module named 'cupy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
 def _args(dtype="float16", lead=(2, 3), Nq=16, Nk=20, d=64):

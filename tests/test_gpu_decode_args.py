@@ -7,10 +7,8 @@ without CuPy end in ``GPUUnavailableError``.
 
 from __future__ import annotations
 
-import builtins
 import json
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -23,19 +21,6 @@ def _qkv(Hq=8, Hkv=2, Nq=1, Nk=100, d=64, dtype=np.float16, B=2):
     q = np.zeros((B, Hq, Nq, d), dtype=dtype)
     k = np.zeros((B, Hkv, Nk, d), dtype=dtype)
     return q, k, k.copy()
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    real_import = builtins.__import__
-
-    def fake_import(name, *args, **kwargs):
-        if name == "cupy" or name.startswith("cupy."):
-            raise ImportError("No module named 'cupy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ import fail, and a missing GPU by a CuPy whose device query raises.
 
 from __future__ import annotations
 
-import builtins
 import importlib
 import subprocess
 import sys
@@ -17,19 +16,6 @@ import pytest
 
 import flashref.gpu as fg
 from flashref import tiled_attention
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    real_import = builtins.__import__
-
-    def fake_import(name, *args, **kwargs):
-        if name == "cupy" or name.startswith("cupy."):
-            raise ImportError("No module named 'cupy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
 @pytest.fixture
