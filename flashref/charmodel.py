@@ -189,18 +189,11 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
     import torch
 
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
-    try:
-        import pynvml
+    from .bench.provenance import driver_version
 
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-    except Exception:  # no pynvml: the driver's CUDA version, which CuPy can read
-        drv = cupy.cuda.runtime.driverGetVersion()
-        driver = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
     return {
         "gpu": dev.name,
-        "driver": driver,
+        "driver": driver_version(cupy.cuda.runtime),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "cupy": cupy.__version__,

@@ -144,15 +144,9 @@ def provenance(args, W) -> dict:
         nccl = torch.cuda.nccl.version()
         prov["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         prov["cupy"] = cupy.__version__
-        drv = cupy.cuda.runtime.driverGetVersion()
-        try:
-            import pynvml
+        from .bench.provenance import driver_version
 
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            prov["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-        except Exception:
-            prov["driver"] = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
+        prov["driver"] = driver_version(cupy.cuda.runtime)
         prov["timing"] = (f"CUDA events; median of {args.reps} forwards after {args.warmup} "
                           "warm-up; ring time = slowest rank per forward")  # fmt: skip
     else:

@@ -111,3 +111,29 @@ def test_bench_gpu_refuses_unknown_versions_before_any_work(capsys):
     with pytest.raises(SystemExit):
         gpu.main(["--versions", "14", "99"])
     assert "--versions must be among" in capsys.readouterr().err
+
+
+def test_driver_and_runtime_versions_without_nvml(monkeypatch):
+    # every recorded run reads them through flashref.bench.provenance; without NVML the
+    # driver is named by the CUDA version it supports
+    import builtins
+
+    from flashref.bench.provenance import driver_version, runtime_version
+
+    class Runtime:
+        def driverGetVersion(self):
+            return 13020
+
+        def runtimeGetVersion(self):
+            return 12080
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    assert driver_version(Runtime()) == "CUDA driver API 13.2"
+    assert runtime_version(Runtime()) == "12.8"

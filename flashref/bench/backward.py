@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .gpu import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
+from .provenance import driver_version, runtime_version
 
 DEFAULT_N = (1024, 4096, 16384)
 SDPA = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
@@ -63,20 +64,11 @@ def _meta(cp, torch, args) -> dict:
     from flashref.gpu import BWD_VERSIONS
 
     props = cp.cuda.runtime.getDeviceProperties(0)
-    drv, rt = cp.cuda.runtime.driverGetVersion(), cp.cuda.runtime.runtimeGetVersion()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-    except Exception:
-        driver = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
     return {
         "gpu": props["name"].decode(),
         "sm_count": props["multiProcessorCount"],
-        "driver": driver,
-        "cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}",
+        "driver": driver_version(cp.cuda.runtime),
+        "cuda_runtime": runtime_version(cp.cuda.runtime),
         "cupy": cp.__version__,
         "torch": torch.__version__ if torch is not None else None,
         "python": platform.python_version(),

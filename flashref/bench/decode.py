@@ -43,6 +43,7 @@ import numpy as np
 
 from ..gpu.decode import VERSIONS
 from .gpu import ClockSampler, _import_torch, _median_ms
+from .provenance import driver_version, runtime_version
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
 
 HQ, NQ, D = 32, 1, 128
@@ -69,19 +70,10 @@ def hbm_read_roof(cp, sm_count: int) -> float:
 
 
 def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
-    rt, drv = cp.cuda.runtime.runtimeGetVersion(), cp.cuda.runtime.driverGetVersion()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-    except Exception:
-        driver = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
     return {
         "gpu": facts["gpu"],
-        "driver": driver,
-        "cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}",
+        "driver": driver_version(cp.cuda.runtime),
+        "cuda_runtime": runtime_version(cp.cuda.runtime),
         "cupy": cp.__version__,
         "torch": torch.__version__ if torch is not None else None,
         "python": platform.python_version(),

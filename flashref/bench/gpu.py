@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .provenance import driver_version, runtime_version
 from .roofs import measure as measure_roofs
 
 HEADS = 16
@@ -147,20 +148,10 @@ class ClockSampler:
 
 def _meta(cp, torch, ceilings):
     props = cp.cuda.runtime.getDeviceProperties(0)
-    drv = cp.cuda.runtime.driverGetVersion()
-    rt = cp.cuda.runtime.runtimeGetVersion()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-    except Exception:
-        driver = f"CUDA driver API {drv // 1000}.{drv % 1000 // 10}"
     return {
         "gpu": props["name"].decode(),
-        "driver": driver,
-        "cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}",
+        "driver": driver_version(cp.cuda.runtime),
+        "cuda_runtime": runtime_version(cp.cuda.runtime),
         "cupy": cp.__version__,
         "torch": torch.__version__ if torch is not None else None,
         "python": platform.python_version(),
