@@ -144,3 +144,39 @@ def excess(expected, got, tol, nan_matches: bool = False) -> np.ndarray:
         if nan_matches:
             same = same | (np.isnan(got) & np.isnan(expected))
         return np.where(same, 0.0, ratio)
+
+
+def o_lse_answer(got, rows: int, dv: int, one_array: str):
+    """Accept a tuple ``(O (rows, dv), lse (rows,))`` of plain float arrays; ``one_array`` is
+    what to say when a single array comes back (why the lse is part of the answer)."""
+    if got is None:
+        return None, RETURNED_NONE
+    if isinstance(got, np.ndarray):
+        return None, f"expected (O, lse), got one array: {one_array}"
+    if not isinstance(got, tuple):
+        return None, f"expected a tuple (O, lse), got {type_name(got)}"
+    if len(got) != 2:
+        return None, f"expected a tuple (O, lse), got a tuple of {len(got)} values"
+    O, problem = array_answer(got[0], (rows, dv), None, "O")
+    if problem:
+        return None, f"O: {problem}"
+    lse, problem = array_answer(got[1], (rows,), None, "lse")
+    if problem:
+        return None, f"lse: {problem}"
+    return (O, lse), None
+
+
+def first_wrong_o_lse(O_ref, lse_ref, tols, value, tol_text, note=lambda r: "") -> str:
+    """The first wrong row of O, or else of lse, expected against got; ``tol_text`` names
+    O's and lse's tolerances, ``note(r)`` says what row ``r`` held (or "")."""
+    for name, e, g, tol in zip(("O", "lse"), (O_ref, lse_ref), value, tols, strict=True):
+        bad = excess(e, g, tol) > 1
+        if not bad.any():
+            continue
+        r = int(np.argmax(bad.reshape(len(bad), -1).any(axis=1)))
+        where, ev, gv = f"{name}, row {r}", e[r], g[r]
+        if e.ndim == 2:
+            c = int(np.argmax(bad[r]))
+            where, ev, gv = f"{where} (the first wrong row), column {c}", e[r, c], g[r, c]
+        return f"{where}: expected {ev:.6g}, got {gv:.6g}\n  {note(r)}tolerance {tol_text[name]}"
+    return "no element outside the tolerance"

@@ -38,7 +38,13 @@ import numpy as np
 from ..decode import split_kv_attention
 from ..kvcache import PagedKVCache
 from . import _decode_mistakes as dm
-from ._answer import RETURNED_NONE, TIGHT, _not_an_array, array_answer, excess, type_name
+from ._answer import (
+    TIGHT,
+    _not_an_array,
+    excess,
+    first_wrong_o_lse,
+    o_lse_answer,
+)
 from ._report import CheckResult
 from ._run import Case, check_callable, checker, float32_band, run
 from .attention import TOL
@@ -52,42 +58,21 @@ __all__ = ["check_combine_splits", "check_gqa_heads", "check_paged_gather"]
 
 def _pair_answer(got, R, dv):
     """Accept a tuple ``(O (R, dv), lse (R,))`` of plain float arrays."""
-    if got is None:
-        return None, RETURNED_NONE
-    if isinstance(got, np.ndarray):
-        return None, "expected (O, lse), got one array: the merged lse is part of the answer"
-    if not isinstance(got, tuple):
-        return None, f"expected a tuple (O, lse), got {type_name(got)}"
-    if len(got) != 2:
-        return None, f"expected a tuple (O, lse), got a tuple of {len(got)} values"
-    O, problem = array_answer(got[0], (R, dv), None, "O")
-    if problem:
-        return None, f"O: {problem}"
-    lse, problem = array_answer(got[1], (R,), None, "lse")
-    if problem:
-        return None, f"lse: {problem}"
-    return (O, lse), None
+    return o_lse_answer(got, R, dv, "the merged lse is part of the answer")
 
 
 def _describe_combine(O_ref, lse_ref, lse_s, tols, value):
     """The first wrong row of O, or else of lse, with what its splits held."""
-    for name, e, g, tol in zip(("O", "lse"), (O_ref, lse_ref), value, tols, strict=True):
-        bad = excess(e, g, tol) > 1
-        if not bad.any():
-            continue
-        r = int(np.argmax(bad.reshape(len(bad), -1).any(axis=1)))
-        where, ev, gv = f"{name}, row {r}", e[r], g[r]
-        if e.ndim == 2:
-            c = int(np.argmax(bad[r]))
-            where, ev, gv = f"{where} (the first wrong row), column {c}", e[r, c], g[r, c]
+    S = lse_s.shape[0]
+
+    def note(r):
         empty = int(np.isneginf(lse_s[:, r]).sum())
-        S = lse_s.shape[0]
-        note = {0: "", S: f"all {S} splits of row {r} are empty; "}.get(
+        return {0: "", S: f"all {S} splits of row {r} are empty; "}.get(
             empty, f"{empty} of the {S} splits of row {r} are empty; "
         )
-        tol_text = f"{TOL:g} x max|O_s|" if name == "O" else f"{TOL:g}"
-        return f"{where}: expected {ev:.6g}, got {gv:.6g}\n  {note}tolerance {tol_text}"
-    return "no element outside the tolerance"
+
+    tol_text = {"O": f"{TOL:g} x max|O_s|", "lse": f"{TOL:g}"}
+    return first_wrong_o_lse(O_ref, lse_ref, tols, value, tol_text, note)
 
 
 def _combine_case(label, O_s, lse_s) -> Case:

@@ -37,7 +37,13 @@ import numpy as np
 
 from ..ring import shard_positions
 from . import _ring_mistakes as rm
-from ._answer import RETURNED_NONE, TIGHT, _not_an_array, array_answer, excess, type_name
+from ._answer import (
+    TIGHT,
+    _not_an_array,
+    excess,
+    first_wrong_o_lse,
+    o_lse_answer,
+)
 from ._cases import _project_scores
 from ._report import CheckResult, Failure
 from ._run import Case, check_callable, checker, float32_band, run
@@ -181,38 +187,17 @@ def check_zigzag_positions(fn) -> CheckResult:
 
 def _step_answer(got, n_q, dv):
     """Accept a tuple ``(O (n_q, dv), lse (n_q,))`` of plain float arrays."""
-    if got is None:
-        return None, RETURNED_NONE
-    if isinstance(got, np.ndarray):
-        return None, "expected (O, lse), got one array: the lse is what lets the step merge"
-    if not isinstance(got, tuple):
-        return None, f"expected a tuple (O, lse), got {type_name(got)}"
-    if len(got) != 2:
-        return None, f"expected a tuple (O, lse), got a tuple of {len(got)} values"
-    O, problem = array_answer(got[0], (n_q, dv), None, "O")
-    if problem:
-        return None, f"O: {problem}"
-    lse, problem = array_answer(got[1], (n_q,), None, "lse")
-    if problem:
-        return None, f"lse: {problem}"
-    return (O, lse), None
+    return o_lse_answer(got, n_q, dv, "the lse is what lets the step merge")
 
 
 def _describe_step(O_ref, lse_ref, tols, seen, value):
     """The first wrong row of O, or else of lse: expected against got."""
-    for name, e, g, tol in zip(("O", "lse"), (O_ref, lse_ref), value, tols, strict=True):
-        bad = excess(e, g, tol) > 1
-        if not bad.any():
-            continue
-        r = int(np.argmax(bad.reshape(len(bad), -1).any(axis=1)))
-        where, ev, gv = f"{name}, row {r}", e[r], g[r]
-        if e.ndim == 2:
-            c = int(np.argmax(bad[r]))
-            where, ev, gv = f"{where} (the first wrong row), column {c}", e[r, c], g[r, c]
-        note = f"row {r} sees no key of the block; " if not seen[r] else ""
-        tol_text = f"{TOL:g} x max|V|" if name == "O" else f"{TOL:g}"
-        return f"{where}: expected {ev:.6g}, got {gv:.6g}\n  {note}tolerance {tol_text}"
-    return "no element outside the tolerance"
+    tol_text = {"O": f"{TOL:g} x max|V|", "lse": f"{TOL:g}"}
+
+    def note(r):
+        return "" if seen[r] else f"row {r} sees no key of the block; "
+
+    return first_wrong_o_lse(O_ref, lse_ref, tols, value, tol_text, note)
 
 
 def _step_case(label, Q, P_q, K, V, P_k, causal) -> Case:
