@@ -26,7 +26,8 @@ Runs ``ncu`` (Nsight Compute) over ``python -m flashref.bench.ncu_target`` twice
    is left out of the run and named under ``meta.metrics_missing``.
 
 With ``--decode``, instead: each decode kernel version at the shapes of
-``flashref.bench.profile_decode`` (which says what is collected and why).
+``flashref.bench.profile_decode`` (which says what is collected and why); with ``--hopper``,
+the Hopper versions' wgmma-pipe counters (``flashref.bench.profile_hopper``).
 
 Clocks are not locked (``--clock-control none``): the counters are read at the clocks the
 GPU chooses, the same as in the benchmark. Without ``ncu`` on PATH this says so and exits 0.
@@ -344,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         help="default results/gpu_profile.json, or results/gpu_backward_profile.json with "
-        "--backward, results/gpu_decode_profile.json with --decode",
+        "--backward, results/gpu_decode_profile.json with --decode, "
+        "results/gpu_hopper_profile.json with --hopper",
     )
     parser.add_argument(
         "--backward",
@@ -366,11 +368,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: the decode kernel versions (flashref.bench.profile_decode)",
     )
+    parser.add_argument(
+        "--hopper",
+        action="store_true",
+        help="instead: the sm_90a versions, v14 and SDPA cuDNN (flashref.bench.profile_hopper)",
+    )
     args = parser.parse_args(argv)
-    if args.backward and args.decode:
-        parser.error("--backward and --decode each profile on their own: give one")
+    if args.backward + args.decode + args.hopper > 1:
+        parser.error("--backward, --decode and --hopper each profile on their own: give one")
     if args.out is None:
-        part = "_backward" if args.backward else "_decode" if args.decode else ""
+        part = next((f"_{k}" for k in ("backward", "decode", "hopper") if getattr(args, k)), "")
         args.out = Path(f"results/gpu{part}_profile.json")
     if shutil.which("ncu") is None:
         print("ncu (Nsight Compute) is not on PATH: nothing profiled. It ships with the CUDA "
@@ -388,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         from .profile_decode import run_decode
 
         return run_decode(meta, args.out, args.versions)
+    if args.hopper:
+        from .profile_hopper import run_hopper
+
+        return run_hopper(meta, args.out, args.versions)
     if args.source is not None:
         plan = [{"impl": f"v{args.source}", "d": d, "causal": False, "dtype": "float16",
                  **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip

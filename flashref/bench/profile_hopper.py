@@ -1,0 +1,77 @@
+"""Nsight Compute counters of the Hopper versions beside version 14 and SDPA cuDNN.
+
+    python -m flashref.bench profile --hopper [--out results/gpu_hopper_profile.json]
+                                              [--versions 19 20 21]
+
+The counters of ``flashref.bench.profile`` miss what matters on Hopper: ``wgmma`` runs on
+the tensor cores through their own pipe (``gmma``), which the ``hmma`` counters do not see,
+so version 14's ``mma.sync`` and version 21's ``wgmma`` must be compared on both. Every
+version with an sm_90a target (or those in ``--versions``), version 14 (the fastest
+``mma.sync`` kernel) and SDPA's cuDNN backend, at (B, H, N) = (8, 16, 4096), d = 64 and 128,
+fp16, causal and not. Collected, beside the forward's counters:
+
+* ``sm__pipe_tensor_op_gmma_cycles_active``: the share of cycles the wgmma pipe is busy, the
+  number that says how close a kernel is to the tensor-core roof;
+* ``sm__inst_executed_pipe_tensor_op_gmma``: wgmma instructions issued;
+* warps active and eligible per scheduler per cycle;
+* the warp stall reasons (``WarpStateStats``), where a consumer warpgroup waiting on its
+  wgmma shows as ``wait`` / ``dispatch``, one waiting on an mbarrier or a named barrier as
+  ``barrier`` / ``membar`` / ``long_scoreboard``.
+
+A name that ``ncu --query-metrics`` does not list is left out and named in
+``meta.metrics_missing``. Clocks are not locked, as in the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from .profile import NCU_METRICS, PROFILE_SHAPE, available_metrics, print_cases, profile
+
+HOPPER_METRICS = (
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum",
+    "smsp__warps_active.avg.per_cycle_active",
+    "smsp__warps_eligible.avg.per_cycle_active",
+)
+GMMA = HOPPER_METRICS[0]
+TOP_STALLS = 4
+
+
+def hopper_plan(versions=None) -> list[dict]:
+    """v14, the sm_90a versions (or ``versions``) and SDPA cuDNN, d = 64 and 128, fp16."""
+    from ..gpu import VERSIONS
+
+    chosen = [v for v in VERSIONS.values() if (v.arch or v.number == 14)
+              and (not versions or v.number in versions)]  # fmt: skip
+    impls = [f"v{v.number}" for v in chosen] + ["sdpa_cudnn"]
+    return [{"impl": impl, "d": d, "causal": causal, "dtype": "float16", **PROFILE_SHAPE}
+            for d in (64, 128) for causal in (False, True) for impl in impls]  # fmt: skip
+
+
+def print_hopper(cases: list[dict]) -> None:
+    print_cases(cases)
+    for c in cases:
+        gmma = c.get(GMMA)
+        stalls = sorted(c.get("stalls_per_issue", {}).items(), key=lambda kv: -kv[1])
+        top = ", ".join(f"{k} {v:.2f}" for k, v in stalls[:TOP_STALLS])
+        print(
+            f"  {c['impl']:10s} d={c['d']:3d} causal={c['causal']!s:5s} "
+            f"gmma pipe {'-' if gmma is None else f'{gmma:.1f}%'}; stalls/issue: {top}"
+        )
+
+
+def run_hopper(meta: dict, out: Path, versions=None) -> int:
+    query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
+    extra, missing = available_metrics(HOPPER_METRICS, query.stdout if query.returncode == 0
+                                       else "")  # fmt: skip
+    metrics = (*NCU_METRICS, *extra)
+    cases = profile(hopper_plan(versions), metrics)
+    meta.update(metrics=list(metrics), metrics_missing=missing)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
+    print(f"wrote {out} ({len(cases)} cases); not in this ncu: {missing or 'none'}")
+    print_hopper(cases)
+    return 0
