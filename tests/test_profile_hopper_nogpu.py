@@ -10,7 +10,7 @@ from flashref.bench import profile, profile_hopper
 
 LISTING = """\
 Metric Name                                      Metric Type Metric Unit Metric Description
-sm__pipe_tensor_op_gmma_cycles_active            Counter    cycle  # of cycles GMMA was active
+sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active Counter cycle # HMMA/HGMMA ops
 smsp__warps_active                               Counter    warp   # of warps active
 """
 
@@ -27,7 +27,7 @@ def test_hopper_plan_is_v14_the_sm90a_versions_and_cudnn_at_both_d_and_masks():
     assert {r["impl"] for r in only} == {"v21", "sdpa_cudnn"}
 
 
-def test_profile_hopper_keeps_listed_counters_and_prints_the_gmma_pipe(
+def test_profile_hopper_keeps_listed_counters_and_prints_the_tensor_pipe(
     monkeypatch, tmp_path, capsys
 ):
     seen = {}
@@ -55,7 +55,9 @@ def test_profile_hopper_keeps_listed_counters_and_prints_the_gmma_pipe(
     missing = "sm__inst_executed_pipe_tensor_op_gmma.sum"
     assert missing not in seen["metrics"] and missing in doc["meta"]["metrics_missing"]
     text = capsys.readouterr().out
-    assert "gmma pipe 61.5%; stalls/issue: barrier 2.25, wait 0.50, math 0.10" in text
+    assert (
+        "tensor pipe (matrix ops) 61.5%; stalls/issue: barrier 2.25, wait 0.50, math 0.10" in text
+    )
 
 
 def test_profile_refuses_two_modes_at_once(capsys):

@@ -3,20 +3,23 @@
     python -m flashref.bench profile --hopper [--out results/gpu_hopper_profile.json]
                                               [--versions 19 20 21]
 
-The counters of ``flashref.bench.profile`` miss what matters on Hopper: ``wgmma`` runs on
-the tensor cores through their own pipe (``gmma``), which the ``hmma`` counters do not see,
-so version 14's ``mma.sync`` and version 21's ``wgmma`` must be compared on both. Every
-version with an sm_90a target (or those in ``--versions``), version 14 (the fastest
-``mma.sync`` kernel) and SDPA's cuDNN backend, at (B, H, N) = (8, 16, 4096), d = 64 and 128,
-fp16, causal and not. Collected, beside the forward's counters:
+Nsight Compute's tensor-pipe counter, ``sm__pipe_tensor_op_hmma_cycles_active``, counts the
+cycles of ``mma.sync`` (HMMA) and of ``wgmma`` (HGMMA) alike (``ncu --query-metrics`` says so
+in its description), so version 14 and version 21 can be set side by side on it. What the
+forward's profile lacks is the rest of the Hopper picture. Every version with an sm_90a
+target (or those in ``--versions``), version 14 (the fastest ``mma.sync`` kernel) and SDPA's
+cuDNN backend, at (B, H, N) = (8, 16, 4096), d = 64 and 128, fp16, causal and not; beside the
+forward's counters:
 
-* ``sm__pipe_tensor_op_gmma_cycles_active``: the share of cycles the wgmma pipe is busy, the
-  number that says how close a kernel is to the tensor-core roof;
-* ``sm__inst_executed_pipe_tensor_op_gmma``: wgmma instructions issued;
+* ``sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active``: the floating-point matrix
+  ops alone (HMMA, HGMMA, QGMMA), the share of cycles that says how close a kernel is to the
+  tensor-core roof;
+* ``sm__inst_executed_pipe_tensor_op_gmma``: wgmma instructions issued, and
+  ``sm__ops_path_tensor_op_hgmma_src_fp16``: the matrix work they did;
 * warps active and eligible per scheduler per cycle;
-* the warp stall reasons (``WarpStateStats``), where a consumer warpgroup waiting on its
-  wgmma shows as ``wait`` / ``dispatch``, one waiting on an mbarrier or a named barrier as
-  ``barrier`` / ``membar`` / ``long_scoreboard``.
+* the warp stall reasons (``WarpStateStats``), among them ``gmma`` (a warp waiting for its
+  warpgroup's wgmma), beside ``barrier`` / ``membar`` / ``long_scoreboard`` (waits on an
+  mbarrier, a named barrier or a load).
 
 A name that ``ncu --query-metrics`` does not list is left out and named in
 ``meta.metrics_missing``. Clocks are not locked, as in the benchmark.
@@ -31,8 +34,9 @@ from pathlib import Path
 from .profile import NCU_METRICS, PROFILE_SHAPE, available_metrics, print_cases, profile
 
 HOPPER_METRICS = (
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
     "sm__inst_executed_pipe_tensor_op_gmma.sum",
+    "sm__ops_path_tensor_op_hgmma_src_fp16.sum",
     "smsp__warps_active.avg.per_cycle_active",
     "smsp__warps_eligible.avg.per_cycle_active",
 )
@@ -54,12 +58,13 @@ def hopper_plan(versions=None) -> list[dict]:
 def print_hopper(cases: list[dict]) -> None:
     print_cases(cases)
     for c in cases:
-        gmma = c.get(GMMA)
+        tp = c.get(GMMA)
+        tp = "-" if tp is None else f"{tp:.1f}%"
         stalls = sorted(c.get("stalls_per_issue", {}).items(), key=lambda kv: -kv[1])
         top = ", ".join(f"{k} {v:.2f}" for k, v in stalls[:TOP_STALLS])
         print(
             f"  {c['impl']:10s} d={c['d']:3d} causal={c['causal']!s:5s} "
-            f"gmma pipe {'-' if gmma is None else f'{gmma:.1f}%'}; stalls/issue: {top}"
+            f"tensor pipe (matrix ops) {tp}; stalls/issue: {top}"
         )
 
 
