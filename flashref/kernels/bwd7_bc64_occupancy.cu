@@ -4,15 +4,17 @@
 // instead of 8, and __launch_bounds__ asks ptxas for a register count at which three such
 // blocks fit in one SM at d = 64. Version 6 at d = 64 runs a single 8-warp block per SM (its
 // registers allow no second one), so each scheduler holds two warps; the counters show those
-// warps mostly waiting on fixed-latency results (the "wait" stall: one mma or ex2 feeding the
-// next) and on shared-memory results (short_scoreboard: ldmatrix), with rarely a warp ready to
-// issue. Three blocks of 4 warps give each scheduler three warps to choose from, and the three
-// blocks reach their barriers independently, so one block's barrier no longer idles the SM.
+// warps mostly waiting on fixed-latency results (the "wait" stall: an mma's accumulator or an
+// arithmetic result feeding the next instruction) and on the shared-memory and special-function
+// pipes (short_scoreboard: ldmatrix, ex2), with rarely a warp ready to issue: latency that two
+// warps cannot cover. Three blocks of 4 warps give each scheduler three warps to choose from,
+// and the three blocks reach their barriers independently, so one block's barrier no longer
+// idles the SM.
 //
 // What it costs: every query tile Q_i, dO_i is now copied for 64 keys instead of 128, and dQ
 // gets one float32 atomic addition per element per 64 keys, twice version 6's (version 3
-// made the opposite trade when its atomics were scalar; version 5's vector form makes them a
-// quarter as many instructions). The dQ product dQ_i += dS K_j over the block's 64 keys is
+// made the opposite trade when its atomics were scalar; since version 5 each instruction adds
+// four elements). The dQ product dQ_i += dS K_j over the block's 64 keys is
 // split over the 4 warps as 4 query groups of 16, each taking all D columns (DQ_COLS), instead
 // of version 6's 4 groups x 2 column halves. At d = 128 the registers of a warp (16 keys x D
 // of dK and dV) leave room for two 4-warp blocks only, the same 8 warps per SM as version 6,
