@@ -48,6 +48,16 @@ def test_kernel_diff_of_the_separate_dq_pass():
     assert not any("atomicAdd(" in x for x in changed if x.startswith("+"))
 
 
+def test_kernel_diff_of_the_smaller_block():
+    changed = _changed(bv.kernel_diff(6, 7))
+    added = [x for x in changed if x.startswith("+")]
+    assert any("#define NWARPS 4" in x for x in added)
+    assert any("__launch_bounds__(NTHREADS, MIN_BLOCKS)" in x for x in added)
+    assert any("flash_bwd7(" in x for x in added)
+    assert any("#define NWARPS 8" in x for x in changed if x.startswith("-"))
+    assert len(changed) <= 40, "\n".join(changed)  # of a 200-line kernel
+
+
 def test_a_version_against_itself_has_no_changes():
     assert _changed(bv.kernel_diff(1, 1)) == []
 

@@ -194,6 +194,26 @@ def test_repeatable(cp, ver, dtype, d):
     assert diff <= unit, f"bwd{ver.number} {dtype} d={d}: dq runs differ by {diff:.3e} > {unit:.3e}"
 
 
+_PROMISES = [(v, d, n) for v in _versions() for d, n in v.blocks_per_sm]
+
+
+@pytest.mark.parametrize("ver,d,blocks", _PROMISES,
+                         ids=[f"bwd{v.number}-d{d}" for v, d, _ in _PROMISES])  # fmt: skip
+def test_blocks_per_sm_on_the_device(cp, ver, d, blocks):
+    """The blocks per SM a version is built for (``BwdVersion.blocks_per_sm``), as the driver's
+    occupancy calculator sees the kernel NVRTC compiled, with its dynamic shared memory."""
+    from flashref.gpu.backward import get_functions
+
+    main = get_functions(ver, d, "float16")[1]
+    smem = ver.smem_bytes(d)
+    occupancy = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
+    got = occupancy(main.kernel.ptr, ver.threads, smem)
+    assert got >= blocks, (
+        f"bwd{ver.number} d={d}: {got} blocks per SM fit ({main.num_regs} registers x "
+        f"{ver.threads} threads, {smem} B shared memory); the registry promises {blocks}"
+    )
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_after_flashref_forward(cp, dtype, causal):

@@ -111,6 +111,11 @@ def test_backward_registry_is_complete():
         per_warp = re.fullmatch(r"\(NWARPS \* (\d+)\)", defines["Bc"])  # keys per warp
         Bc = nwarps * int(per_warp[1]) if per_warp else int(defines["Bc"])
         assert (ver.Br, ver.Bc) == (int(defines["Br"]), Bc), "tiles in the registry and .cu differ"
+        for d, blocks in ver.blocks_per_sm:  # a promise per supported head dim, once each
+            assert d in ver.head_dims and blocks >= 1, (ver.number, ver.blocks_per_sm)
+        assert len(dict(ver.blocks_per_sm)) == len(ver.blocks_per_sm), ver.blocks_per_sm
+        if ver.blocks_per_sm:  # the kernel asks ptxas for them
+            assert "__launch_bounds__(NTHREADS, MIN_BLOCKS)" in text, ver.file
     src = pre_post_source()
     assert "bwd_preprocess(" in src and "bwd_dq_convert(" in src and '#include "' not in src
 

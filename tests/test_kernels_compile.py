@@ -236,12 +236,42 @@ def _no_spills(report: str, label: str) -> None:
         assert st == ld == fr == "0", f"{label} {name} spills:\n{report}"
 
 
+# An SM of compute capability 9.0: 65536 registers, handed out per warp in units of 256; 228 KiB
+# of shared memory, of which each resident block also takes 1 KiB for the system.
+SM_REGISTERS, REG_UNIT, SM_SMEM, BLOCK_SMEM_RESERVED = 65536, 256, 228 * 1024, 1024
+
+
+def _blocks_that_fit(regs: int, threads: int, smem: int) -> int:
+    """Resident blocks per SM that a kernel of ``regs`` registers per thread, ``threads``
+    threads and ``smem`` bytes of dynamic shared memory per block allows (registers, memory)."""
+    per_warp = -(-regs * 32 // REG_UNIT) * REG_UNIT
+    by_registers = SM_REGISTERS // (per_warp * (threads // 32))
+    return min(by_registers, SM_SMEM // (smem + BLOCK_SMEM_RESERVED))
+
+
+def test_blocks_that_fit_counts_registers_per_warp_and_shared_memory():
+    assert _blocks_that_fit(168, 128, 65536) == 3  # 168 x 32 = 5376 = 21 units per warp
+    assert _blocks_that_fit(178, 128, 65536) == 2  # 178 x 32 rounds up to 5632
+    assert _blocks_that_fit(64, 128, 114688) == 2  # shared memory decides
+    assert _blocks_that_fit(226, 256, 93184) == 1
+
+
 @pytest.mark.parametrize(
     "ver,d,dtype", BWD_CASES, ids=[f"bwd{v.number}-d{d}-{dt}" for v, d, dt in BWD_CASES]
 )
 def test_backward_kernel_compiles_without_spills(ver, d, dtype, tmp_path):
     report = _compile_source(ver.file, ver.source(), ver.defines(d, dtype), tmp_path)
-    _no_spills(report, f"bwd{ver.number} {ver.file} d={d} {dtype} ({ver.smem_bytes(d)} B smem)")
+    label = f"bwd{ver.number} {ver.file} d={d} {dtype} ({ver.smem_bytes(d)} B smem)"
+    _no_spills(report, label)
+    want = dict(ver.blocks_per_sm).get(d)
+    if want is not None:  # the registers its __launch_bounds__ promises
+        names = re.findall(r"Compiling entry function '(\w+)'", report)
+        regs = int(re.findall(r"Used (\d+) registers", report)[names.index(ver.kernel)])
+        got = _blocks_that_fit(regs, ver.threads, ver.smem_bytes(d))
+        assert got >= want, (
+            f"{label}: {regs} registers x {ver.threads} threads leave room for {got} blocks per "
+            f"SM; the registry promises {want}"
+        )
 
 
 @pytest.mark.parametrize("d", [64, 128])

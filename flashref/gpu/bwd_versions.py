@@ -50,6 +50,10 @@ class BwdVersion:
     head_dims: tuple[int, ...] = (64, 128)
     min_cc: tuple[int, int] = (8, 0)  # mma.sync m16n8k16 bf16, cp.async, ldmatrix
     arch: str | None = None  # no backward version needs an architecture-specific target
+    # (d, blocks): thread blocks per SM that the kernel's __launch_bounds__ keeps the registers
+    # low enough for at head dim d (the compile check holds ptxas's count and the shared memory
+    # to it); a d not listed makes no such promise
+    blocks_per_sm: tuple[tuple[int, int], ...] = ()
 
     @property
     def kernel(self) -> str:
@@ -113,6 +117,11 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "bwd5 without the barrier at the end of each query tile: the next tile's "
                    "first barrier already orders the reuse of dS^T and the buffers",
                    "bwd6_two_syncs.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(7, "bc64_occupancy",
+                   "bwd6 with 4 warps and Bc = 64, registers held to three blocks per SM at "
+                   "d = 64 (two at d = 128): more warps per scheduler, twice the dQ atomics",
+                   "bwd7_bc64_occupancy.cu", Bc=64, Br=64, threads=128, deterministic_dq=False,
+                   blocks_per_sm=((64, 3), (128, 2))),
     )
 }  # fmt: skip
 
