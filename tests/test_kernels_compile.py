@@ -148,7 +148,12 @@ def test_hopper_kernels_compile_for_sm90a(name, defines, tmp_path):
 
 
 HOPPER_VERSION_CASES = [
-    (ver, d, dt) for ver in VERSIONS.values() if ver.arch for dt in ver.dtypes for d in (64, 128)
+    (ver, d, dt)
+    for ver in VERSIONS.values()
+    if ver.arch
+    for dt in ver.dtypes
+    for d in (64, 128)
+    if d in ver.head_dims
 ]
 
 
@@ -199,6 +204,18 @@ def _check_register_split(ver, regs: int, report: str) -> None:
         f"v{ver.number}: 128 x ({producer} + {n_consumer_wg} x {consumer}) registers after "
         f"setmaxnreg > {entry} x {ver.threads} at launch"
     )
+
+
+def test_d64_only_version_refuses_other_head_dims(tmp_path):
+    """A version offered at d = 64 alone stops at compile time for any other d."""
+    d64_only = [ver for ver in VERSIONS.values() if ver.arch and ver.head_dims == (64,)]
+    assert d64_only, "no sm_90a version is offered at d = 64 alone"
+    for ver in d64_only:
+        src = tmp_path / ver.file
+        src.write_text(ver.source())
+        _, proc = _nvcc(src, SM90A, ver.defines(128, "float16"), tmp_path)
+        assert proc.returncode != 0, f"v{ver.number} compiled at d = 128"
+        assert f"version {ver.number} is written for d = 64 only" in proc.stderr, proc.stderr
 
 
 def test_hopper_header_refuses_plain_sm90(tmp_path):

@@ -157,6 +157,10 @@ VERSIONS: dict[int, Version] = {
                 "v20 with the next tile's S = Q K^T issued before this tile's softmax",
                 "v21_overlap.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=64,
                 kv_buffers=3, arch="sm_90a", tma=True),
+        Version(24, "three_consumers", _TC, (64,),
+                "v21 at d = 64 only, with 3 consumer warpgroups: Br = 192, setmaxnreg 24 / 160",
+                "v24_three_consumers.cu", 192, 512, min_cc=(9, 0), bc64=128,
+                kv_buffers=3, arch="sm_90a", tma=True),
     )
 }  # fmt: skip
 
