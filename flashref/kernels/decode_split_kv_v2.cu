@@ -93,8 +93,9 @@ __device__ __forceinline__ void load_kv_subtile(u32 s, const half_t* K, const ha
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
-decode_split_kv_v2(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
+// The split kernel's body, a function so that version 4 can add its own ending after it.
+__device__ __forceinline__ void
+split_kv_v2_body(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
                 const half_t* __restrict__ K,   // (num_pages, Hkv, page_size, D)
                 const half_t* __restrict__ V,   // (num_pages, Hkv, page_size, D)
                 const int* __restrict__ block_table,  // (B, max_pages), or null: contiguous
@@ -301,6 +302,17 @@ decode_split_kv_v2(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
             if (col == 0) lse_part[grow * S + split] = lse_r;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
+decode_split_kv_v2(const half_t* __restrict__ Q, const half_t* __restrict__ K,
+                   const half_t* __restrict__ V, const int* __restrict__ block_table,
+                   const int* __restrict__ lengths, half_t* __restrict__ O, float* __restrict__ lse,
+                   float* __restrict__ O_part, float* __restrict__ lse_part,
+                   int Hq, int Hkv, int Nq, int page_size, int max_pages, float scale, int causal)
+{
+    split_kv_v2_body(Q, K, V, block_table, lengths, O, lse, O_part, lse_part, Hq, Hkv, Nq,
+                     page_size, max_pages, scale, causal);
 }
 
 // The combine step (as version 1, its split loop unrolled): one warp per query row (b, h, i) merges its S partial results by lse.
