@@ -25,6 +25,9 @@ def test_version_4_is_version_3_in_one_launch():
     text3, text4 = dec.source(3), dec.source(4)
     assert text3 in text4 and not re.search(r"^#include", text4, re.M)  # nested ones too
     assert text4.count("decode_split_kv_v4(") == 1
+    # one split body: version 2 waits, then refills; version 4 refills, then waits
+    assert "split_kv_v2_body<false>(" in dec.source(2) and "split_kv_v2_body<true>(" not in text3
+    assert text4.count("split_kv_v2_body<true>(") == 1
     assert dec.DEFAULT_VERSION == 1  # a recorded run decides, not this change
     for shape in ((1, 32, 8, 1, 32768, 128, 132), (8, 8, 1, 16, 4096, 64, 132),
                   (32, 32, 8, 1, 131072, 128, 132)):  # fmt: skip

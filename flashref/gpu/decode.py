@@ -26,10 +26,11 @@ sub-tiles through its own copy pipeline, reads the block table once per sub-tile
 the other warps only at the end; version 3 (``decode_split_kv_v3.cu``) is version 2's split
 kernel with a combine kernel built for latency (every split's lse loaded at once, 16 splits'
 16-byte loads of O in flight together). All use the same grid, split rule and partial layout;
-versions 2 and 3 the same shared memory. Version 4 (``decode_split_kv_v4.cu``) is version 3
+versions 2 to 4 the same shared memory. Version 4 (``decode_split_kv_v4.cu``) is version 3
 in one launch: the last split block of each row block to finish (a counter per row block,
 ``flashref.gpu.decode_counters``) merges the partials with version 3's merge, so there is no
-combine kernel (``None`` in ``VERSIONS``).
+combine kernel (``None`` in ``VERSIONS``); and each warp asks for its next sub-tile before
+waiting for the current one, so its whole ring of copies is in flight while it waits.
 """
 
 from __future__ import annotations
