@@ -318,6 +318,51 @@ def test_same_inputs_same_bits(cp, version, dtype):
         assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"v{version}: lse, {S=}"
 
 
+def test_v4_counters_are_zero_after_every_call(cp):
+    """Version 4's arrival counters: back to 0 after each call, so calls of other shapes and
+    split counts sharing the buffer merge correctly, and a call repeated gives the same bits.
+    (Without the reset, the second call's blocks would never see the last count.)"""
+    from flashref.gpu import decode_attention, decode_plan, paged_decode_attention
+    from flashref.gpu.decode_counters import counter_buffer
+
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    # (B, Hq, Hkv, Nq, lengths, num_splits, paged): 1 to 128 splits, 1 to 4 row blocks
+    for B, Hq, Hkv, Nq, lengths, S, paged in [
+        (2, 8, 2, 3, [1000, 333], 6, False),
+        (2, 8, 2, 3, [1000, 333], 6, False),  # the same call again on the same counters
+        (3, 8, 1, 16, [0, 1, 700], 5, True),  # 4 row blocks, an empty sequence
+        (1, 4, 4, 1, [1000], 128, False),  # many splits, most of them with no key
+        (2, 8, 2, 3, [1000, 333], 1, False),  # one split: no counter touched
+        (2, 8, 2, 3, [1000, 333], None, True),
+    ]:
+        Nk = 1000
+        q, k, v = _inputs("bfloat16", B, Hq, Hkv, Nq, Nk, 128, "counters")
+        allowed = _allowed(lengths, Nq, Nk, False)
+        ref, ref_lse = _reference(q, k, v, allowed)
+        naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(128))
+        L = np.array(lengths, dtype=np.int32)
+        qc = cp.asarray(q)
+        if paged:  # every sequence's Nk keys as its own Nk-slot page: pages b = sequence b
+            args = (qc, cp.asarray(k), cp.asarray(v), np.arange(B, dtype=np.int32)[:, None], L)
+            kw = {"causal": False}
+            run = paged_decode_attention
+        else:
+            args, kw, run = (qc, cp.asarray(k), cp.asarray(v)), {"lengths": L}, decode_attention
+        O, lse = run(*args, **kw, num_splits=S, return_lse=True, version=4)
+        label = f"v4 B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} splits={S} {paged=}"
+        _check(label, "bfloat16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+        O2, lse2 = run(*args, **kw, num_splits=S, return_lse=True, version=4)
+        assert cp.asnumpy(O2).tobytes() == cp.asnumpy(O).tobytes(), f"{label}: O differs twice"
+        assert cp.asnumpy(lse2).tobytes() == cp.asnumpy(lse).tobytes(), f"{label}: lse differs"
+        plan = decode_plan(B, Hq, Hkv, Nq, Nk, 128, sms, num_splits=S, version=4)
+        counters = cp.asnumpy(counter_buffer(cp, B * plan.grid[1]))
+        dirty = np.flatnonzero(counters)
+        assert not dirty.size, (
+            f"{label}: {dirty.size} counters left non-zero after the call, first "
+            f"counters[{dirty[0]}] = {counters[dirty[0]]} (grid {plan.grid})"
+        )
+
+
 @pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_scale_all_empty_and_noncontiguous(cp, version):
     from flashref.gpu import decode_attention

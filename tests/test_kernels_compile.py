@@ -94,7 +94,7 @@ def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
     report = proc.stdout + proc.stderr
-    for name in (split_name, combine_name):
+    for name in (n for n in (split_name, combine_name) if n):  # version 4: no combine kernel
         part = report[report.index(f"'{name}'") :]
         regs = re.search(r"Used (\d+) registers", part)
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", part)

@@ -19,14 +19,18 @@ The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key ti
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch.
 
-Three kernel versions compute the same thing (``version=``, default 1): version 1
+Four kernel versions compute the same thing (``version=``, default 1): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
 barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
 sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
 the other warps only at the end; version 3 (``decode_split_kv_v3.cu``) is version 2's split
 kernel with a combine kernel built for latency (every split's lse loaded at once, 16 splits'
 16-byte loads of O in flight together). All use the same grid, split rule and partial layout;
-versions 2 and 3 the same shared memory.
+versions 2 to 4 the same shared memory. Version 4 (``decode_split_kv_v4.cu``) is version 3
+in one launch: the last split block of each row block to finish (a counter per row block,
+``flashref.gpu.decode_counters``) merges the partials with version 3's merge, so there is no
+combine kernel (``None`` in ``VERSIONS``); and each warp asks for its next sub-tile before
+waiting for the current one, so its whole ring of copies is in flight while it waits.
 """
 
 from __future__ import annotations
@@ -50,12 +54,14 @@ from .decode_checks import (
 from .versions import DTYPE_DEFINES, KERNEL_DIR
 
 FILE = "decode_split_kv.cu"  # version 1
-# version: (file, split kernel, combine kernel)
+# version: (file, split kernel, combine kernel or None: the split kernel merges)
 VERSIONS = {
     1: (FILE, "decode_split_kv", "decode_combine"),
     2: ("decode_split_kv_v2.cu", "decode_split_kv_v2", "decode_combine_v2"),
     3: ("decode_split_kv_v3.cu", "decode_split_kv_v2", "decode_combine_v3"),  # v2's split kernel
+    4: ("decode_split_kv_v4.cu", "decode_split_kv_v4", None),  # v2's split, v3's merge, one launch
 }
+MERGE_IN_REGISTERS = (3, 4)  # versions whose merge holds a row's lse in registers
 DEFAULT_VERSION = 1
 BC = 64  # keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block (version 1)
@@ -80,10 +86,12 @@ def check_version(version) -> int:
 
 
 def check_splits(num_splits, version: int):
-    """Version 3's combine holds each row's lse in registers: at most ``MAX_SPLITS`` splits."""
-    if version == 3 and num_splits is not None and num_splits > MAX_SPLITS:
+    """Version 3's merge (versions 3 and 4) holds each row's lse in registers: at most
+    ``MAX_SPLITS`` splits."""
+    if version in MERGE_IN_REGISTERS and num_splits is not None and num_splits > MAX_SPLITS:
         raise ValueError(
-            f"num_splits is {num_splits}; decode version 3 merges at most {MAX_SPLITS} splits"
+            f"num_splits is {num_splits}; decode version {version} merges at most "
+            f"{MAX_SPLITS} splits"
         )
     return num_splits
 
@@ -106,7 +114,7 @@ def defines(d: int, row_tiles: int, dtype: str) -> tuple[str, ...]:
 def smem_bytes(d: int, row_tiles: int, version: int = DEFAULT_VERSION) -> int:
     """Dynamic shared memory of one block, rows of d + 8 halves: the Q rows, then STAGES
     (K, V) tiles of BC keys (version 1) or NWARPS rings of STAGES_W (K, V) sub-tiles of BK
-    keys (versions 2 and 3: one split kernel)."""
+    keys (versions 2 to 4: one split kernel)."""
     if check_version(version) == 1:
         return 2 * (16 * row_tiles + STAGES * 2 * BC) * (d + 8)
     return 2 * (16 * row_tiles + NWARPS * STAGES_W[d] * 2 * BK) * (d + 8)
@@ -196,13 +204,16 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     O_part = cp.empty((B * Hq * Nq, S, d), dtype=cp.float32) if part else O
     lse_part = cp.empty((B * Hq * Nq, S), dtype=cp.float32) if part else lse
     null = np.uintp(0)
-    split_fn(
-        plan.grid, (THREADS,),
-        (q, K, V, null if bt is None else bt, null if lengths is None else lengths, O, lse,
-         O_part, lse_part, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size),
-         np.int32(max_pages), np.float32(scale), np.int32(causal)),
-        shared_mem=plan.smem_bytes,
-    )  # fmt: skip
+    args = (q, K, V, null if bt is None else bt, null if lengths is None else lengths, O, lse,
+            O_part, lse_part, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size),
+            np.int32(max_pages), np.float32(scale), np.int32(causal))  # fmt: skip
+    if combine_fn is None:  # version 4: the last split block of each row block merges
+        from .decode_counters import counting
+
+        with counting(cp, B * plan.grid[1]) as counters:  # one per (b, blockIdx.y)
+            split_fn(plan.grid, (THREADS,), (*args, counters), shared_mem=plan.smem_bytes)
+        return O, lse
+    split_fn(plan.grid, (THREADS,), args, shared_mem=plan.smem_bytes)
     if part:
         rows = B * Hq * Nq
         combine_fn(
@@ -224,7 +235,8 @@ def _functions(cp, d: int, tiles: int, dtype: str, smem: int, version: int):
         module = cp.RawModule(code=source(version), options=opts)
         split_fn = module.get_function(split_name)
         split_fn.max_dynamic_shared_size_bytes = smem
-        _cache[key] = (split_fn, module.get_function(combine_name))
+        combine_fn = module.get_function(combine_name) if combine_name else None
+        _cache[key] = (split_fn, combine_fn)
     return _cache[key]
 
 
@@ -262,7 +274,7 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
         causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
         scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
         return_lse: also return ``lse (B, Hq, Nq)`` in float32.
-        version: the kernel version, a key of ``VERSIONS`` (both give the same results).
+        version: the kernel version, a key of ``VERSIONS`` (all give the same results).
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """

@@ -93,8 +93,11 @@ __device__ __forceinline__ void load_kv_subtile(u32 s, const half_t* K, const ha
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
-decode_split_kv_v2(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
+// The split kernel's body, a function so that version 4 can add its own ending after it.
+// EARLY_REFILL (version 4): each refill is issued before the wait for the sub-tile it follows.
+template <bool EARLY_REFILL>
+__device__ __forceinline__ void
+split_kv_v2_body(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
                 const half_t* __restrict__ K,   // (num_pages, Hkv, page_size, D)
                 const half_t* __restrict__ V,   // (num_pages, Hkv, page_size, D)
                 const int* __restrict__ block_table,  // (B, max_pages), or null: contiguous
@@ -161,13 +164,18 @@ decode_split_kv_v2(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
     const float sl2 = scale * 1.4426950408889634f;  // exp(scale x) = 2^(sl2 x)
 
     for (int it = 0; it < n_sub; it++) {
-        cp_async_wait<STAGES_W - 2>();  // sub-tile it has landed (this lane's copies) ...
-        __syncwarp();                   // ... every lane's; and every lane is done with it - 1
+        if (!EARLY_REFILL)
+            cp_async_wait<STAGES_W - 2>();  // sub-tile it has landed (this lane's copies) ...
+        __syncwarp();  // ... every lane's; and every lane is done with it - 1
         {
             const int nx = it + STAGES_W - 1;  // refill the buffer of sub-tile it - 1
             if (nx < n_sub)
                 load_kv_subtile(ring + (nx % STAGES_W) * STAGE_BYTES, K, V, bt, b, hkv, Hkv, page_size, (u0 + nx * NWARPS) * BK, L);
             cp_async_commit();  // (an empty group near the end keeps the count uniform)
+        }
+        if (EARLY_REFILL) {  // the wait comes after the refill: STAGES_W sub-tiles in flight
+            cp_async_wait<STAGES_W - 1>();  // sub-tile it has landed (this lane's copies) ...
+            __syncwarp();                   // ... every lane's
         }
         const u32 Ks = ring + (it % STAGES_W) * STAGE_BYTES + k_lane;
         const u32 Vs = ring + (it % STAGES_W) * STAGE_BYTES + TILE_BYTES + v_lane;
@@ -301,6 +309,17 @@ decode_split_kv_v2(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
             if (col == 0) lse_part[grow * S + split] = lse_r;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
+decode_split_kv_v2(const half_t* __restrict__ Q, const half_t* __restrict__ K,
+                   const half_t* __restrict__ V, const int* __restrict__ block_table,
+                   const int* __restrict__ lengths, half_t* __restrict__ O, float* __restrict__ lse,
+                   float* __restrict__ O_part, float* __restrict__ lse_part,
+                   int Hq, int Hkv, int Nq, int page_size, int max_pages, float scale, int causal)
+{
+    split_kv_v2_body<false>(Q, K, V, block_table, lengths, O, lse, O_part, lse_part, Hq, Hkv,
+                            Nq, page_size, max_pages, scale, causal);
 }
 
 // The combine step (as version 1, its split loop unrolled): one warp per query row (b, h, i) merges its S partial results by lse.

@@ -34,27 +34,33 @@ constexpr int CH = 16;            // splits whose loads are in flight together
 constexpr int U = CH / SPW;       // float4 loads per lane per round
 static_assert(32 % LPS == 0 && CH % SPW == 0 && 32 % CH == 0 && MAX_S % 32 == 0, "lane map");
 
-// One warp per query row (b, h, i), 4 rows per block: O = sum_s 2^(lse2_s - lse2) O_s, with
-// lse2 = log2 sum_s 2^(lse2_s) and lse2_s = lse_s log2(e); lse = lse2 ln(2).
-// __launch_bounds__(128, 4): without a minimum of blocks, ptxas aims at 32 registers per
-// thread and keeps only about 4 of the U loads in flight (seen in the SASS, nvdisasm);
-// with it, all U loads are issued before the first FMA (87 registers at d = 128).
-extern "C" __global__ void __launch_bounds__(128, 4)
-decode_combine_v3(const float* __restrict__ O_part,    // (rows, S, D)
-                  const float* __restrict__ lse_part,  // (rows, S)
-                  half_t* __restrict__ O,              // (rows, D)
-                  float* __restrict__ lse,             // (rows,)
-                  int rows, int S)
+// CG: load the partials through L2 only (ld.global.cg), for a caller that reads partials
+// written by other blocks of its own launch (version 4); the combine kernel loads them plainly.
+template <bool CG>
+__device__ __forceinline__ float ld_part(const float* p) { return CG ? __ldcg(p) : *p; }
+template <bool CG>
+__device__ __forceinline__ float4 ld_part4(const float* p)
 {
-    const int row = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;  // the whole warp
+    return CG ? __ldcg((const float4*)p) : *(const float4*)p;
+}
+
+// One query row (b, h, i), merged by one whole warp: O = sum_s 2^(lse2_s - lse2) O_s, with
+// lse2 = log2 sum_s 2^(lse2_s) and lse2_s = lse_s log2(e); lse = lse2 ln(2).
+template <bool CG>
+__device__ __forceinline__ void
+combine_row_v3(const float* __restrict__ O_part,    // (rows, S, D)
+               const float* __restrict__ lse_part,  // (rows, S)
+               half_t* __restrict__ O,              // (rows, D)
+               float* __restrict__ lse,             // (rows,)
+               int row, int S, int lane)
+{
     const float* ls = lse_part + (size_t)row * S;
 
     float x2[MAX_S / 32];  // lse2 of splits lane, lane + 32, ...: all loads issued at once
 #pragma unroll
     for (int k = 0; k < MAX_S / 32; k++) {
         const int s = lane + 32 * k;
-        x2[k] = s < S ? ls[s] * 1.4426950408889634f : NEG_INF;
+        x2[k] = s < S ? ld_part<CG>(ls + s) * 1.4426950408889634f : NEG_INF;
     }
     float mx = NEG_INF;
 #pragma unroll
@@ -85,7 +91,7 @@ decode_combine_v3(const float* __restrict__ O_part,    // (rows, S, D)
 #pragma unroll      // past the last split the index is clamped and its weight is 0
             for (int j = 0; j < U; j++) {
                 const int s = min(32 * k + c + j * SPW + sub, S - 1);
-                buf[j] = *(const float4*)(Op + s * D);  // s D < MAX_S D: 32-bit offsets
+                buf[j] = ld_part4<CG>(Op + s * D);  // s D < MAX_S D: 32-bit offsets
             }
 #pragma unroll
             for (int j = 0; j < U; j++) {
@@ -107,4 +113,20 @@ decode_combine_v3(const float* __restrict__ O_part,    // (rows, S, D)
     if (sub == 0)
         *(uint2*)&O[(size_t)row * D + col] = make_uint2(pack_half2(acc.x, acc.y), pack_half2(acc.z, acc.w));
     if (lane == 0) lse[row] = total2 * 0.6931471805599453f;
+}
+
+// One warp per query row, 4 rows per block.
+// __launch_bounds__(128, 4): without a minimum of blocks, ptxas aims at 32 registers per
+// thread and keeps only about 4 of the U loads in flight (seen in the SASS, nvdisasm);
+// with it, all U loads are issued before the first FMA (88 registers at d = 128).
+extern "C" __global__ void __launch_bounds__(128, 4)
+decode_combine_v3(const float* __restrict__ O_part,    // (rows, S, D)
+                  const float* __restrict__ lse_part,  // (rows, S)
+                  half_t* __restrict__ O,              // (rows, D)
+                  float* __restrict__ lse,             // (rows,)
+                  int rows, int S)
+{
+    const int row = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;  // the whole warp
+    combine_row_v3<false>(O_part, lse_part, O, lse, row, S, lane);
 }
