@@ -255,6 +255,22 @@ def test_warp_specialised_versions_registry():
     assert base_of(20) == 19 and base_of(21) == 20
 
 
+def test_bc128_version_registry():
+    """Version 22: version 21 with Bc = 128 at both head dims, two K/V stages at d = 128."""
+    ver = fg.VERSIONS[22]
+    assert ver.arch == "sm_90a" and ver.tma and ver.threads == 3 * 128 and ver.Br == 128
+    assert (ver.Bc(64), ver.Bc(128), ver.stages(64), ver.stages(128)) == (128, 128, 3, 2)
+    # Q (128, d), K and V (stages, 128, d) of 16-bit elements, unpadded, + 1024 for alignment
+    assert ver.smem_bytes(64) == 2 * (128 + 6 * 128) * 64 + 1024
+    assert ver.smem_bytes(128) == 2 * (128 + 4 * 128) * 128 + 1024 == 164864
+    assert ver.smem_bytes(128) + 64 <= 227 * 1024  # + the barriers: the sm_90 opt-in maximum
+    text = ver.path.read_text()
+    assert "#define Bc 128" in text and "#define KV_STAGES (D > 64 ? 2 : 3)" in text
+    from flashref.gpu.versions import base_of
+
+    assert base_of(22) == 21
+
+
 def test_default_versions_are_the_fastest_in_the_recorded_run():
     """PREFERENCE says what results/gpu_bench.json says: per (dtype, d, causal), the version
     with the highest median TFLOP/s over the sequence lengths of the recorded run."""
