@@ -255,9 +255,10 @@ def test_warp_specialised_versions_registry():
     assert base_of(20) == 19 and base_of(21) == 20
 
 
-def test_bc128_version_registry():
-    """Version 22: version 21 with Bc = 128 at both head dims, two K/V stages at d = 128."""
-    ver = fg.VERSIONS[22]
+@pytest.mark.parametrize("number", [22, 23])
+def test_bc128_version_registry(number):
+    """Versions 22 and 23: Bc = 128 at both head dims, two K/V stages at d = 128."""
+    ver = fg.VERSIONS[number]
     assert ver.arch == "sm_90a" and ver.tma and ver.threads == 3 * 128 and ver.Br == 128
     assert (ver.Bc(64), ver.Bc(128), ver.stages(64), ver.stages(128)) == (128, 128, 3, 2)
     # Q (128, d), K and V (stages, 128, d) of 16-bit elements, unpadded, + 1024 for alignment
@@ -268,7 +269,16 @@ def test_bc128_version_registry():
     assert "#define Bc 128" in text and "#define KV_STAGES (D > 64 ? 2 : 3)" in text
     from flashref.gpu.versions import base_of
 
-    assert base_of(22) == 21
+    assert base_of(number) == number - 1
+
+
+def test_pingpong_turns():
+    """Version 23: the two consumer warpgroups pass the turn on named barriers 1 and 2 (0 is
+    __syncthreads's), both with all 256 consumer threads, through the header's wrappers."""
+    text = fg.VERSIONS[23].path.read_text()
+    assert "#define PINGPONG_BAR 1" in text
+    assert "named_bar_sync(PINGPONG_BAR + cw, NCONSUMERS)" in text
+    assert "named_bar_arrive(PINGPONG_BAR + 1 - cw, NCONSUMERS)" in text
 
 
 def test_default_versions_are_the_fastest_in_the_recorded_run():

@@ -166,6 +166,10 @@ VERSIONS: dict[int, Version] = {
                 "v21 with FlashAttention-3's 128 x 128 tile at d = 128: Bc = 128, 2 stages",
                 "v22_bc128.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
                 kv_buffers=3, kv_buffers128=2, arch="sm_90a", tma=True),
+        Version(23, "pingpong", _TC, _TC_DIMS,
+                "v22 with the consumer warpgroups taking turns at wgmma (named barriers)",
+                "v23_pingpong.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
+                kv_buffers=3, kv_buffers128=2, arch="sm_90a", tma=True),
     )
 }  # fmt: skip
 
