@@ -8,7 +8,8 @@ parity hangs, so each (version, dtype, d) runs in its own process with a timeout
 (``python tests/test_gpu_sm90a.py NUMBER DTYPE D``), printing one JSON line per case as it
 finishes; a case whose line never came names the one that crashed or hung. The children are
 started together (the first test that needs a result starts them all) and each has its own
-timeout. Skipped unless the GPU has compute capability 9.0.
+timeout; only the groups that the session's selected tests read are started (``-k "v22 or v23"``
+starts those two versions' children alone). Skipped unless the GPU has compute capability 9.0.
 """
 
 from __future__ import annotations
@@ -130,13 +131,21 @@ def _check_api(cp, number: int, dtype: str, d: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hopper():
+def hopper(request) -> frozenset:
+    """The (number, dtype, d) groups that this session's selected tests of this file read (so
+    that ``-k v22`` starts only version 22's children), after checking the GPU."""
     from flashref.gpu import _require_gpu
 
     cp = _require_gpu()
     cc = cp.cuda.Device().compute_capability
     if cc != "90":
         pytest.skip(f"versions {NUMBERS} need compute capability 9.0 (sm_90a); this GPU is {cc}")
+    here = Path(__file__).resolve()
+    return frozenset(
+        tuple(item.callspec.params[k] for k in ("number", "dtype", "d"))
+        for item in request.session.items
+        if Path(item.path).resolve() == here and hasattr(item, "callspec")
+    )
 
 
 def _run_child(number: int, dtype: str, d: int) -> tuple[dict, str]:
@@ -163,15 +172,17 @@ def _run_child(number: int, dtype: str, d: int) -> tuple[dict, str]:
 
 
 @functools.cache
-def _groups() -> dict:
-    """Every child's (results, trouble), keyed by (number, dtype, d); all started at once."""
-    with ThreadPoolExecutor(max_workers=len(GROUPS)) as pool:
-        done = pool.map(lambda g: _run_child(*g), GROUPS)
-        return dict(zip(GROUPS, done, strict=True))
+def _groups(selected: frozenset) -> dict:
+    """The (results, trouble) of the children of the selected groups, keyed by (number, dtype,
+    d); all started at once."""
+    groups = [g for g in GROUPS if g in selected]
+    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        done = pool.map(lambda g: _run_child(*g), groups)
+        return dict(zip(groups, done, strict=True))
 
 
-def _result(number, dtype, d, key):
-    results, trouble = _groups()[(number, dtype, d)]
+def _result(selected, number, dtype, d, key):
+    results, trouble = _groups(selected)[(number, dtype, d)]
     if key not in results:
         pytest.fail(f"v{number} {dtype} d={d}: no result for case {key}: {trouble or 'missing'}")
     return results[key]
@@ -181,7 +192,7 @@ def _result(number, dtype, d, key):
                                                           for c in CASES])  # fmt: skip
 @pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
 def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
-    r = _result(number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
+    r = _result(hopper, number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
     what = f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal}"
     assert r["O_nan"] == 0, (
         f"{what}: {r['O_nan']} elements of O are NaN (unwritten?), e.g. {r['worst']}"
@@ -198,7 +209,7 @@ def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
 
 @pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
 def test_sm90a_same_inputs_same_bits(hopper, number, dtype, d):
-    r = _result(number, dtype, d, json.dumps("repeat"))
+    r = _result(hopper, number, dtype, d, json.dumps("repeat"))
     assert r["O_bits_differ"] == 0 and r["lse_same"], f"v{number} {dtype} d={d} {REPEAT}: {r}"
 
 
@@ -206,7 +217,7 @@ def test_sm90a_same_inputs_same_bits(hopper, number, dtype, d):
 def test_sm90a_public_api(hopper, number, dtype, d):
     from flashref.gpu.tolerances import CEILING
 
-    r = _result(number, dtype, d, json.dumps("api"))
+    r = _result(hopper, number, dtype, d, json.dumps("api"))
     for scale, err in r["errs"].items():
         assert err <= CEILING[dtype], (
             f"v{number} {dtype} d={d} q (2, 3, 50, {d}) transposed, scale {scale}: "
