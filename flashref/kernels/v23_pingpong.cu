@@ -20,8 +20,9 @@
 //     than the other therefore still passes the turn on as often as the other waits for it;
 //   * warpgroup 1's last turn hands nothing on: no turn of warpgroup 0 follows it, and its
 //     arrival would stay counted on the barrier when the block exits. Each barrier then sees
-//     as many arrivals as waits (barrier 0: the first hand-over and warpgroup 1's first
-//     n_tiles turns; barrier 1: warpgroup 0's n_tiles + 1 turns);
+//     as many arrivals as waits (warpgroup 0's: the first hand-over and warpgroup 1's first
+//     n_tiles turns; warpgroup 1's: warpgroup 0's n_tiles + 1 turns; tests/test_pingpong_model.py
+//     runs the schedule for every tile count and causal split);
 //   * the turn waits come after the wait for the tile's full barrier, so a warpgroup waiting for
 //     TMA does not hold the turn. A turn k waits at most for tile k, and each warpgroup releases
 //     tile k - 1 in its turn k: with two or more stages the producer's next tile never depends
