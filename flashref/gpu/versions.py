@@ -66,7 +66,7 @@ class Version:
             return 4 * (32 * (d + 1) + 2 * 32 * d + 32 * 33)
         if self.number == 2:  # Q, K (64, d+1), V (64, d), S (64, 65), m, l, alpha (64,)
             return 4 * (2 * 64 * (d + 1) + 64 * d + 64 * 65 + 3 * 64)
-        if self.tma:  # Q (Br, d), K and V (kv_buffers, Bc, d), unpadded; + 1024-byte alignment
+        if self.tma:  # Q (Br, d), K and V (stages(d), Bc, d), unpadded; + 1024-byte alignment
             return 2 * (self.Br + 2 * self.stages(d) * self.Bc(d)) * d + 1024
         row = d + 8 if self.padded else d  # halves per shared-memory row
         return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * row
