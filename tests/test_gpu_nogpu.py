@@ -262,6 +262,32 @@ def test_warp_specialised_versions_registry():
     assert base_of(20) == 19 and base_of(21) == 20
 
 
+@pytest.mark.parametrize("number", [22, 23])
+def test_bc128_version_registry(number):
+    """Versions 22 and 23: Bc = 128 at both head dims, two K/V stages at d = 128."""
+    ver = fg.VERSIONS[number]
+    assert ver.arch == "sm_90a" and ver.tma and ver.threads == 3 * 128 and ver.Br == 128
+    assert (ver.Bc(64), ver.Bc(128), ver.stages(64), ver.stages(128)) == (128, 128, 3, 2)
+    # Q (128, d), K and V (stages, 128, d) of 16-bit elements, unpadded, + 1024 for alignment
+    assert ver.smem_bytes(64) == 2 * (128 + 6 * 128) * 64 + 1024
+    assert ver.smem_bytes(128) == 2 * (128 + 4 * 128) * 128 + 1024 == 164864
+    assert ver.smem_bytes(128) + 64 <= 227 * 1024  # + the barriers: the sm_90 opt-in maximum
+    text = ver.path.read_text()
+    assert "#define Bc 128" in text and "#define KV_STAGES (D > 64 ? 2 : 3)" in text
+    from flashref.gpu.versions import base_of
+
+    assert base_of(number) == number - 1
+
+
+def test_pingpong_turns():
+    """Version 23: the two consumer warpgroups pass the turn on named barriers 1 and 2 (0 is
+    __syncthreads's), both with all 256 consumer threads, through the header's wrappers."""
+    text = fg.VERSIONS[23].path.read_text()
+    assert "#define PINGPONG_BAR 1" in text
+    assert "named_bar_sync(PINGPONG_BAR + cw, NCONSUMERS)" in text
+    assert "named_bar_arrive(PINGPONG_BAR + 1 - cw, NCONSUMERS)" in text
+
+
 def test_three_consumer_version_registry():
     """Version 24: three consumer warpgroups and the producer (Br = 192), d = 64 only."""
     from flashref.gpu.versions import base_of

@@ -34,7 +34,8 @@ class Version:
     min_cc: tuple[int, int] = (8, 0)  # lowest compute capability (major, minor) it runs on
     bc64: int = 64  # key tile Bc at d = 64 ...
     bc128: int = 64  # ... and at d = 128
-    kv_buffers: int = 2  # shared-memory buffers each of K and V
+    kv_buffers: int = 2  # shared-memory buffers each of K and V (at d = 64 if the next is set)
+    kv_buffers128: int | None = None  # ... at d = 128, where it differs
     padded: bool = True  # shared-memory rows of d + 8 halves
     arch: str | None = None  # an architecture-specific target ("sm_90a"): that GPU only
     tma: bool = False  # takes the TMA descriptors of Q, K, V after the common arguments
@@ -55,14 +56,18 @@ class Version:
     def Bc(self, d: int) -> int:
         return self.bc64 if d <= 64 else self.bc128
 
+    def stages(self, d: int) -> int:
+        """Shared-memory buffers each of K and V at head dim ``d``."""
+        return self.kv_buffers128 if d > 64 and self.kv_buffers128 else self.kv_buffers
+
     def smem_bytes(self, d: int) -> int:
         """Dynamic shared memory per block, matching the layout in the .cu file."""
         if self.number == 1:  # Q (Br, d+1), K and V (Bc, d), S (Br, Bc+1); Br = Bc = 32
             return 4 * (32 * (d + 1) + 2 * 32 * d + 32 * 33)
         if self.number == 2:  # Q, K (64, d+1), V (64, d), S (64, 65), m, l, alpha (64,)
             return 4 * (2 * 64 * (d + 1) + 64 * d + 64 * 65 + 3 * 64)
-        if self.tma:  # Q (Br, d), K and V (kv_buffers, Bc, d), unpadded; + 1024-byte alignment
-            return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * d + 1024
+        if self.tma:  # Q (Br, d), K and V (stages(d), Bc, d), unpadded; + 1024-byte alignment
+            return 2 * (self.Br + 2 * self.stages(d) * self.Bc(d)) * d + 1024
         row = d + 8 if self.padded else d  # halves per shared-memory row
         return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * row
 
@@ -157,6 +162,14 @@ VERSIONS: dict[int, Version] = {
                 "v20 with the next tile's S = Q K^T issued before this tile's softmax",
                 "v21_overlap.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=64,
                 kv_buffers=3, arch="sm_90a", tma=True),
+        Version(22, "bc128", _TC, _TC_DIMS,
+                "v21 with FlashAttention-3's 128 x 128 tile at d = 128: Bc = 128, 2 stages",
+                "v22_bc128.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
+                kv_buffers=3, kv_buffers128=2, arch="sm_90a", tma=True),
+        Version(23, "pingpong", _TC, _TC_DIMS,
+                "v22 with the consumer warpgroups taking turns at wgmma (named barriers)",
+                "v23_pingpong.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
+                kv_buffers=3, kv_buffers128=2, arch="sm_90a", tma=True),
         Version(24, "three_consumers", _TC, (64,),
                 "v21 at d = 64 only, with 3 consumer warpgroups: Br = 192, setmaxnreg 24 / 160",
                 "v24_three_consumers.cu", 192, 512, min_cc=(9, 0), bc64=128,

@@ -222,3 +222,21 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+
+// ---- named barriers (PTX ISA: "Parallel Synchronization and Communication Instructions: bar,
+// barrier") ------------------------------------------------------------------------------------
+// A block has 16 hardware barriers, id 0 to 15; __syncthreads uses id 0, so pass another id.
+// bar.sync id, n: this thread's warp arrives at barrier id and waits until n threads in all
+// have arrived (n a multiple of 32: warps count whole); bar.arrive id, n: the warp arrives and
+// goes on without waiting. When the count reaches n the barrier releases its waiters and starts
+// again from zero. Both are the .aligned forms: every thread of a warp executes the same one,
+// so call them warp-uniformly (here: warpgroup-uniformly). Two warpgroups pass a turn with
+// n = 256: one waits with bar.sync (its 128 threads) until the other's bar.arrive (128) comes.
+__device__ __forceinline__ void named_bar_sync(u32 id, u32 nthreads)
+{
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(nthreads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(u32 id, u32 nthreads)
+{
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(nthreads) : "memory");
+}
