@@ -311,7 +311,7 @@ FLAT_PACK = re.compile(r"[ap]\[kk\]\[r\] = pack_half2\(s\[([^\]]+)\], s\[([^\]]+
 
 @pytest.mark.parametrize("ver", HOPPER_VERSIONS, ids=lambda v: f"v{v.number}")
 def test_hopper_p_to_a_is_a_from_c(ver):
-    found = FLAT_PACK.findall(ver.path.read_text())
+    found = FLAT_PACK.findall(ver.source())
     assert len(found) == 1, found
     lo, hi = found[0]
     for kk in range(4):

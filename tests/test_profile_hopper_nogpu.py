@@ -17,10 +17,15 @@ smsp__warps_active                               Counter    warp   # of warps ac
 
 def test_hopper_plan_is_v14_the_sm90a_versions_and_cudnn_at_both_d_and_masks():
     plan = profile_hopper.hopper_plan()
-    sm90a = [f"v{v.number}" for v in fg.VERSIONS.values() if v.arch == "sm_90a"]
-    assert sm90a, "no sm_90a version registered"
-    impls = ["v14", *sm90a, "sdpa_cudnn"]
-    want = [(i, d, c) for d in (64, 128) for c in (False, True) for i in impls]
+
+    def sm90a(d):
+        return [f"v{v.number}" for v in fg.VERSIONS.values()
+                if v.arch == "sm_90a" and d in v.head_dims]  # fmt: skip
+
+    assert sm90a(64) and sm90a(128), "no sm_90a version registered"
+    assert sm90a(64) != sm90a(128), "expected a version that offers d = 64 only (v24)"
+    want = [(i, d, c) for d in (64, 128) for c in (False, True)
+            for i in ["v14", *sm90a(d), "sdpa_cudnn"]]  # fmt: skip
     assert [(r["impl"], r["d"], r["causal"]) for r in plan] == want
     assert all((r["B"], r["H"], r["N"], r["dtype"]) == (8, 16, 4096, "float16") for r in plan)
     only = profile_hopper.hopper_plan([21])

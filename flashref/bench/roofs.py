@@ -25,16 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..gpu.versions import KERNEL_DIR
+from ..gpu.versions import KERNEL_DIR, paste_includes
 
 ROOF_DIR = KERNEL_DIR / "roofs"
 REPEATS = 7
 
 
 def _source(name: str) -> str:
-    text = (ROOF_DIR / name).read_text()
-    header = (KERNEL_DIR / "mma_common.cuh").read_text()
-    return text.replace('#include "mma_common.cuh"', header)
+    return paste_includes(ROOF_DIR / name)
 
 
 def _time_ms(cp, launch, repeats: int = REPEATS) -> float:

@@ -15,21 +15,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .versions import _INCLUDE, DTYPE_DEFINES, KERNEL_DIR, diff_code
+from .versions import DTYPE_DEFINES, KERNEL_DIR, diff_code, paste_includes
 
 PRE_POST_FILE = "bwd_pre_post.cu"  # bwd_preprocess and bwd_dq_convert
 PRE_THREADS = 128  # bwd_preprocess: threads per block, d / 8 of them per row
 CONVERT_THREADS = 256  # bwd_dq_convert: threads per block, two elements each
 
 
-def _source(path: Path) -> str:
-    """The .cu text with each ``#include "x.cuh"`` replaced by that header's text (as the
-    forward's ``Version.source``, so that CuPy's kernel cache sees an edit of a header)."""
-    return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), path.read_text())
-
-
 def pre_post_source() -> str:
-    return _source(KERNEL_DIR / PRE_POST_FILE)
+    return paste_includes(KERNEL_DIR / PRE_POST_FILE)
 
 
 @dataclass(frozen=True)
@@ -85,7 +79,7 @@ class BwdVersion:
         return 2 * (2 * self.Br + 4 * self.Bc) * (d + 8)
 
     def source(self) -> str:
-        return _source(self.path)
+        return paste_includes(self.path)
 
     def defines(self, d: int, dtype: str) -> tuple[str, ...]:
         return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])

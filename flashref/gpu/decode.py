@@ -36,7 +36,6 @@ waiting for the current one, so its whole ring of copies is in flight while it w
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +50,7 @@ from .decode_checks import (
     check_kind,
     check_lengths,
 )
-from .versions import DTYPE_DEFINES, KERNEL_DIR
+from .versions import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
 FILE = "decode_split_kv.cu"  # version 1
 # version: (file, split kernel, combine kernel or None: the split kernel merges)
@@ -73,7 +72,6 @@ BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles 
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurement
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh?)".*$', re.MULTILINE)  # .cuh or a version
 
 
 def check_version(version) -> int:
@@ -99,12 +97,7 @@ def check_splits(num_splits, version: int):
 def source(version: int = DEFAULT_VERSION) -> str:
     """The kernel's text with its includes pasted in (as ``Version.source`` does), nested ones
     too: version 3's file includes version 2's, which includes ``mma_common.cuh``."""
-    return _expand(VERSIONS[check_version(version)][0])
-
-
-def _expand(name: str) -> str:
-    text = (KERNEL_DIR / name).read_text()
-    return _INCLUDE.sub(lambda m: _expand(m.group(1)), text)
+    return paste_includes(KERNEL_DIR / VERSIONS[check_version(version)][0])
 
 
 def defines(d: int, row_tiles: int, dtype: str) -> tuple[str, ...]:

@@ -14,25 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 import numpy as np
 
 from . import hopper as hp
 from .tolerances import tolerance
-from .versions import DTYPE_DEFINES, KERNEL_DIR
+from .versions import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
 STAGES = ("tma", "pipeline", "ss_hand", "ss_tma", "rs")
 PIPELINE_TILES = 5  # odd: each buffer's barrier goes through both parities
 PROBE = KERNEL_DIR / "probe_wgmma.cu"
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
 S_BOUND = 64 * 2.0**-23  # fp32 accumulation of 64 exact products, elementwise
 SHOW = 5  # mismatching elements printed
 
 
 def source() -> str:
     """probe_wgmma.cu with its headers pasted in (as versions.Version.source does)."""
-    return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), PROBE.read_text())
+    return paste_includes(PROBE)
 
 
 def np_dtype(dtype: str):

@@ -16,7 +16,17 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 # dtype name -> (itemsize, extra NVRTC/nvcc defines); 16-bit floats share one code path
 DTYPE_DEFINES = {"float32": (), "float16": (), "bfloat16": ("-DFLASHREF_BF16",)}
 
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.MULTILINE)
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh?)".*$', re.MULTILINE)  # a header or a .cu
+
+
+def paste_includes(path: Path) -> str:
+    """The text of ``path`` with each ``#include "x.cuh"`` (or ``"x.cu"``, a version another
+    version builds on) replaced by that file's text from ``KERNEL_DIR``, nested ones too.
+
+    NVRTC could take an include path instead, but CuPy's on-disk kernel cache keys on the
+    source string: pasting the files in makes an edit of any of them recompile.
+    """
+    return _INCLUDE.sub(lambda m: paste_includes(KERNEL_DIR / m.group(1)), path.read_text())
 
 
 @dataclass(frozen=True)
@@ -72,12 +82,8 @@ class Version:
         return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * row
 
     def source(self) -> str:
-        """The .cu text with each ``#include "x.cuh"`` replaced by that header's text.
-
-        NVRTC could take an include path instead, but CuPy's on-disk kernel cache keys on
-        the source string: pasting the header in makes an edit of the header recompile.
-        """
-        return _INCLUDE.sub(lambda m: (KERNEL_DIR / m.group(1)).read_text(), self.path.read_text())
+        """The .cu text with its includes pasted in (``paste_includes``)."""
+        return paste_includes(self.path)
 
     def defines(self, d: int, dtype: str) -> tuple[str, ...]:
         return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
@@ -173,6 +179,10 @@ VERSIONS: dict[int, Version] = {
         Version(24, "three_consumers", _TC, (64,),
                 "v21 at d = 64 only, with 3 consumer warpgroups: Br = 192, setmaxnreg 24 / 160",
                 "v24_three_consumers.cu", 192, 512, min_cc=(9, 0), bc64=128,
+                kv_buffers=3, arch="sm_90a", tma=True),
+        Version(25, "pingpong_bc64", _TC, _TC_DIMS,
+                "v23's ping-pong on v21's d = 128 tile: Bc = 64, 3 stages (d = 64: v23)",
+                "v25_pingpong_bc64.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=64,
                 kv_buffers=3, arch="sm_90a", tma=True),
     )
 }  # fmt: skip

@@ -43,8 +43,11 @@
 #define D HEAD_DIM
 #define NWG 2                    // consumer warpgroups per block
 #define Br (NWG * 64)            // 128 query rows per block
+#ifndef Bc                       // version 25 includes this file with its own tile
 #define Bc 128                   // key tile at both head dims
 #define KV_STAGES (D > 64 ? 2 : 3)  // K/V tiles the producer may have in flight
+#define FLASH_KERNEL flash_v23
+#endif
 #define NCONSUMERS (NWG * 128)   // threads that arrive on an "empty" barrier
 #define NTHREADS ((NWG + 1) * 128)  // + the producer warpgroup
 #define PRODUCER_REGS 24         // setmaxnreg budgets: 128 (24 + 2 x 240) = 384 x 168
@@ -71,7 +74,11 @@ __device__ __forceinline__ void qk_issue(float (&s)[Bc / 2], u32 q, u32 k)
     for (int ks = 0; ks < D / 16; ks++) {
         const u64 da = desc_kmajor_sw128(q + (ks / 4) * BOX_Q, ks % 4);
         const u64 db = desc_kmajor_sw128(k + (ks / 4) * BOX_KV, ks % 4);
+#if Bc == 64
+        wgmma_ss_n64<0>(s, da, db, ks > 0);   // version 25 at d = 128: n = 64
+#else
         wgmma_ss_n128<0>(s, da, db, ks > 0);  // Bc = 128 keys: n = 128
+#endif
     }
     wgmma_commit();
 }
@@ -185,7 +192,7 @@ __device__ __forceinline__ void load_kv(u32 Ks, u32 Vs, const TensorMap* kmap, c
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-flash_v23(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
+FLASH_KERNEL(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
           const half_t* __restrict__ K,  // (B*H, Nk, D), read through kmap
           const half_t* __restrict__ V,  // (B*H, Nk, D), read through vmap
           half_t* __restrict__ O,        // (B*H, Nq, D)
