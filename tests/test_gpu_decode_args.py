@@ -120,9 +120,9 @@ def test_choose_num_splits_fills_the_gpu_and_not_more():
 def test_decode_plan_packs_query_heads_into_rows():
     p = fg.decode_plan(8, 32, 8, 1, 4096, 128, 132)  # G * Nq = 4 rows: one 16-row tile
     assert (p.row_tiles, p.row_blocks, p.grid[1:]) == (1, 1, (8, 8))
-    p = fg.decode_plan(1, 8, 1, 16, 4096, 64, 132)  # 128 rows: 2 tiles per block, 4 blocks
+    p = fg.decode_plan(1, 8, 1, 16, 4096, 64, 132, version=1)  # 128 rows: 2 tiles, 4 blocks
     assert (p.row_tiles, p.row_blocks, p.grid[1]) == (2, 4, 4)
-    assert p.smem_bytes == dec.smem_bytes(64, 2) == 2 * (32 + 6 * 64) * 72
+    assert p.smem_bytes == dec.smem_bytes(64, 2, version=1) == 2 * (32 + 6 * 64) * 72
     assert fg.decode_plan(2, 4, 4, 1, 1000, 64, 132, num_splits=7).grid == (7, 4, 2)
 
 
@@ -183,7 +183,7 @@ def test_every_version_reaches_the_gpu_check(no_cupy):
 
 def test_version_2_plan_and_shared_memory():
     """Version 2: the grid and split rule of version 1, the rings of 16-key sub-tiles."""
-    p1 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132)
+    p1 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=1)
     p2 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=2)
     assert (p1.version, p2.version) == (1, 2) and p1.grid == p2.grid and p1.threads == p2.threads
     assert p2.smem_bytes == dec.smem_bytes(128, 1, 2) == 2 * (16 + 4 * 3 * 2 * 16) * 136
@@ -263,3 +263,21 @@ def test_version_3_refuses_more_splits_than_its_combine_holds(no_cupy):
     assert dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=129, version=2).num_splits == 129
     with pytest.raises(fg.GPUUnavailableError):  # 128 passes the check and reaches the GPU's
         fg.decode_attention(q, k, v, num_splits=128, version=3)
+
+
+def test_default_decode_version_is_the_best_in_the_recorded_run():
+    """DEFAULT_VERSION is the version whose contiguous rows reach SDPA cuDNN's bandwidth at
+    the most shapes of results/gpu_decode.json (ties: the higher median ratio to cuDNN)."""
+    import statistics
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent.parent / "results" / "gpu_decode.json").read_text())
+    assert sorted(doc["meta"]["decode_versions"]) == sorted(dec.VERSIONS)
+    ratios: dict[int, list[float]] = {v: [] for v in dec.VERSIONS}
+    for r in doc["rows"]:
+        impl, ratio = r["impl"], r["ratio_to_cudnn"]
+        if ratio is None or not impl.startswith("flashref") or "paged" in impl:
+            continue
+        ratios[int(impl.removeprefix("flashref_v")) if "_v" in impl else 1].append(ratio)
+    score = {v: (sum(x >= 1.0 for x in rs), statistics.median(rs)) for v, rs in ratios.items()}
+    assert max(score, key=score.get) == dec.DEFAULT_VERSION, score

@@ -124,9 +124,9 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 # checks that this table says what the file says).
 BWD_PREFERENCE = {
     ("float16", 64, False): 2, ("float16", 64, True): 2,
-    ("float16", 128, False): 6, ("float16", 128, True): 5,
+    ("float16", 128, False): 4, ("float16", 128, True): 4,
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
-    ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 4,
+    ("bfloat16", 128, False): 4, ("bfloat16", 128, True): 4,
 }  # fmt: skip
 
 

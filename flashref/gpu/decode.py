@@ -61,7 +61,7 @@ VERSIONS = {
     4: ("decode_split_kv_v4.cu", "decode_split_kv_v4", None),  # v2's split, v3's merge, one launch
 }
 MERGE_IN_REGISTERS = (3, 4)  # versions whose merge holds a row's lse in registers
-DEFAULT_VERSION = 1
+DEFAULT_VERSION = 3
 BC = 64  # keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block (version 1)
 BK = 16  # keys per warp sub-tile (version 2)
