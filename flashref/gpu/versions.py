@@ -184,6 +184,10 @@ VERSIONS: dict[int, Version] = {
                 "v23's ping-pong on v21's d = 128 tile: Bc = 64, 3 stages (d = 64: v23)",
                 "v25_pingpong_bc64.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=64,
                 kv_buffers=3, arch="sm_90a", tma=True),
+        Version(26, "pingpong_3stages", _TC, _TC_DIMS,
+                "v23 with three K/V stages of 128 x 128 tiles at d = 128 (225 KB of shared memory)",
+                "v26_pingpong_3stages.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
+                kv_buffers=3, arch="sm_90a", tma=True),
     )
 }  # fmt: skip
 
