@@ -31,8 +31,11 @@
 #define D HEAD_DIM
 #define NWG 2                    // consumer warpgroups per block
 #define Br (NWG * 64)            // 128 query rows per block
+#ifndef Bc                       // version 22 includes this file with its own tile
 #define Bc (D > 64 ? 64 : 128)   // key tile, as version 14
 #define KV_STAGES 3              // K/V tiles the producer may have in flight
+#define FLASH_KERNEL flash_v21
+#endif
 #define NCONSUMERS (NWG * 128)   // threads that arrive on an "empty" barrier
 #define NTHREADS ((NWG + 1) * 128)  // + the producer warpgroup
 #define PRODUCER_REGS 24         // setmaxnreg budgets: 128 (24 + 2 x 240) = 384 x 168
@@ -163,7 +166,7 @@ __device__ __forceinline__ void load_kv(u32 Ks, u32 Vs, const TensorMap* kmap, c
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-flash_v21(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
+FLASH_KERNEL(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
           const half_t* __restrict__ K,  // (B*H, Nk, D), read through kmap
           const half_t* __restrict__ V,  // (B*H, Nk, D), read through vmap
           half_t* __restrict__ O,        // (B*H, Nq, D)
