@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from flashref.bench import profile
+from flashref.bench import profile, profile_source
 from flashref.gpu import VERSIONS
 
 RAW_CSV = """==PROF== Connected to process 1
@@ -77,7 +77,7 @@ SOURCE_CSV = """"Kernel Name","flash_v14",
 
 
 def test_source_sampling_is_summarised_by_opcode():
-    (kernel,) = profile.summarise_source_csv(SOURCE_CSV)
+    (kernel,) = profile_source.summarise_source_csv(SOURCE_CSV)
     assert kernel["kernel"] == "flash_v14" and kernel["samples"] == 100
     assert kernel["opcode_share"] == {"HMMA": 0.6, "FMNMX": 0.3, "MUFU": 0.1}
     assert kernel["stall_share"] == {"wait": 0.5, "math": 0.2}  # "(Not Issued)" not counted
