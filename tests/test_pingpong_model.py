@@ -1,12 +1,10 @@
-"""Version 23's ping-pong schedule, modelled step by step on the CPU.
+"""Version 23's ping-pong schedule, as flashref.gpu.pingpong models it on the CPU.
 
-The two consumer warpgroups of flashref/kernels/v23_pingpong.cu take turns at the tensor cores
-on two named barriers, beside the producer's ring of full/empty mbarriers. A wrong count of
-turns hangs the kernel (or leaves an arrival pending at exit), and with Br = Bc = 128 the case
-that the kernel's header reasons about, one warpgroup with fewer tiles than the other (causal),
-never happens on the GPU. This model runs each warpgroup's sequence of barrier operations as
-the kernel's consumer code issues them, for every tile count and split, and checks that
-nothing waits forever, the turns alternate 0, 1, 0, 1, ... and every barrier ends balanced.
+The model runs each consumer warpgroup's barrier operations as the kernel's consumer code
+issues them, beside the producer's ring, for every tile count and causal split (also the
+unequal splits that Br = Bc = 128 never produces on the GPU), and these tests check that
+nothing waits forever, the turns alternate 0, 1, 0, 1, ... and every barrier ends balanced,
+and that the model's operations are the kernel's.
 """
 
 from __future__ import annotations
@@ -15,86 +13,11 @@ import re
 
 import pytest
 
+from flashref.gpu import pingpong as pp
+from flashref.gpu.pingpong import ScheduleError, consumer, run, turns
 from flashref.gpu.versions import VERSIONS
 
-
-def consumer(cw: int, n_tiles: int, n_mine: int):
-    """The operations of consumer warpgroup cw, in the kernel's order."""
-    n_turns = n_tiles + 1
-
-    def turn_end(turn):
-        if cw == 0 or turn + 1 < n_turns:
-            yield ("arrive", 1 - cw)
-
-    if cw == 1:
-        yield ("arrive", 0)
-    yield ("wait_full", 0)
-    yield ("sync", cw)
-    yield from turn_end(0)
-    for it in range(1, n_mine):
-        yield ("wait_full", it)
-        yield ("sync", cw)
-        yield from turn_end(it)
-        yield ("release", it - 1)
-    yield ("sync", cw)
-    yield from turn_end(n_mine)
-    yield ("release", n_mine - 1)
-    for it in range(n_mine, n_tiles):
-        yield ("wait_full", it)
-        yield ("sync", cw)
-        yield from turn_end(it + 1)
-        yield ("release", it)
-
-
-def run(n_tiles: int, n_mine: tuple[int, int], stages: int, program=consumer) -> list[int]:
-    """Runs both warpgroups and the producer until all finish; returns the order of turns."""
-    progs = [iter(program(cw, n_tiles, n_mine[cw])) for cw in (0, 1)]
-    pending = [next(p) for p in progs]
-    count = [0, 0]  # warpgroups arrived at named barrier b in its current generation
-    members: list[set] = [set(), set()]  # which ones
-    gen = [0, 0]  # completed generations of barrier b
-    waiting = [None, None]  # (barrier, generation) a warpgroup's bar.sync waits to complete
-    released = [set(), set()]  # tiles each warpgroup has released
-    filled = 0  # tiles the producer has loaded (it waits until tile - stages is released)
-    turns: list[int] = []
-    while any(op is not None for op in pending):
-        moved = False
-        while filled < n_tiles and all(filled - stages in r for r in released if filled >= stages):
-            filled += 1
-            moved = True
-        for cw in (0, 1):
-            op = pending[cw]
-            if op is None:
-                continue
-            if waiting[cw] is not None:  # inside bar.sync
-                b, g = waiting[cw]
-                if gen[b] <= g:
-                    continue
-                waiting[cw] = None
-                turns.append(cw)
-            elif op[0] == "wait_full":
-                if op[1] >= filled:
-                    continue
-            elif op[0] in ("arrive", "sync"):
-                b = op[1]
-                assert cw not in members[b], f"warpgroup {cw} arrived twice at barrier {b}"
-                count[b] += 1
-                members[b].add(cw)
-                if op[0] == "sync":
-                    waiting[cw] = (b, gen[b])
-                if count[b] == 2:
-                    count[b], gen[b], members[b] = 0, gen[b] + 1, set()
-                if op[0] == "sync":
-                    moved = True
-                    continue  # the warpgroup passes when the generation completes
-            elif op[0] == "release":
-                released[cw].add(op[1])
-            pending[cw] = next(progs[cw], None)
-            moved = True
-        assert moved, f"deadlock: n_tiles {n_tiles}, n_mine {n_mine}, waiting at {pending}"
-    assert count == [0, 0], f"arrivals left pending at exit: {count}"
-    assert filled == n_tiles and all(r == set(range(n_tiles)) for r in released)
-    return turns
+TURN_LINE = re.compile(r"turn_begin\(cw\);|turn_end\(cw, |n_turns = |named_bar_arrive\(PINGPONG")
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -102,8 +25,19 @@ def run(n_tiles: int, n_mine: tuple[int, int], stages: int, program=consumer) ->
 def test_turns_alternate_and_end_balanced(n_tiles, stages):
     for n0 in range(1, n_tiles + 1):
         for n1 in range(n0, n_tiles + 1):  # warpgroup 1's rows come later: as many tiles or more
-            turns = run(n_tiles, (n0, n1), stages)
-            assert turns == [0, 1] * (n_tiles + 1), (n_tiles, n0, n1, turns)
+            order = turns(run(n_tiles, (n0, n1), stages))
+            assert order == [0, 1] * (n_tiles + 1), (n_tiles, n0, n1, order)
+
+
+def test_alternate_everywhere_is_what_the_chapter_prints():
+    assert pp.alternate_everywhere(6)
+    with pytest.raises(ScheduleError, match="deadlock"):  # one stage: a turn waits for a tile
+        pp.alternate_everywhere(3, stages=(1,))  # that only a later release would free
+
+
+def _consumer_code(version):
+    text = VERSIONS[version].path.read_text()
+    return text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
 
 
 def test_model_follows_the_kernel():
@@ -112,10 +46,67 @@ def test_model_follows_the_kernel():
     assert "const int n_turns = n_tiles + 1;" in text
     assert re.search(r"if \(cw == 0 \|\| turn \+ 1 < n_turns\) named_bar_arrive", text)
     assert "if (cw == 1) named_bar_arrive(PINGPONG_BAR, NCONSUMERS);" in text
-    consumer_code = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1]
+    consumer_code = _consumer_code(23)
     # turn 0, the skewed loop, the last O += P V and the skipped tiles: four turns in the code
     assert consumer_code.count("turn_begin(cw);") == 4
     assert consumer_code.count("turn_end(cw, ") == 4
+    # products in three of them (S alone, S and P V, P V alone), a softmax after two
+    assert consumer_code.count("qk_issue(") == 2 and consumer_code.count("pv_issue(") == 2
+    assert consumer_code.count("softmax_tile(") == 2
+    ops = [op[0] for op in consumer(0, 3, 2)]
+    assert ops.count("sync") == 4 and ops.count("gemm") == 3 and ops.count("softmax") == 2
+
+
+def test_version_21_is_version_23_without_its_turn_lines():
+    """without_turns() models version 21: its consumer code is version 23's, line for line,
+    less the lines that take and hand on the turns."""
+    v23 = [ln for ln in _consumer_code(23).splitlines() if not TURN_LINE.search(ln)]
+    v21 = _consumer_code(21).splitlines()
+    assert [ln for ln in v23 if ln.strip()] == [ln for ln in v21 if ln.strip()]
+    free = list(pp.without_turns()(1, 4, 2))
+    assert free == [op for op in consumer(1, 4, 2) if op[0] not in ("sync", "arrive")]
+
+
+def test_turns_keep_the_warpgroups_from_issuing_together():
+    """Version 21's model issues both warpgroups' products in the same step, each time;
+    version 23's never does, and between its turns a warpgroup computes the softmax of the
+    S it issued while the other takes its turn."""
+
+    def gemm_steps(events, cw):
+        return [e.step for e in events if e.who == cw and e.op[0] == "gemm"]
+
+    for n_tiles in (1, 2, 5):
+        free = run(n_tiles, (n_tiles, n_tiles), 2, program=pp.without_turns())
+        assert gemm_steps(free, 0) == gemm_steps(free, 1)
+        events = run(n_tiles, (n_tiles, n_tiles), 2)
+        assert not set(gemm_steps(events, 0)) & set(gemm_steps(events, 1))
+        order = [(e.who, e.op[0]) for e in events if e.op[0] in ("sync", "softmax")]
+        for cw in (0, 1):  # turn, softmax, turn, softmax, ..., turn: the other's turn between
+            mine = [i for i, (who, _) in enumerate(order) if who == cw]
+            assert [order[i][1] for i in mine] == ["sync", "softmax"] * n_tiles + ["sync"]
+            for a, b in zip(mine, mine[1:], strict=False):
+                if order[a][1] == "sync":  # from this turn to the next one of its own
+                    nxt = next(i for i in mine if i > a and order[i][1] == "sync")
+                    others = [i for i in range(a, nxt) if order[i] == (1 - cw, "sync")]
+                    assert len(others) == 1, (n_tiles, cw, order)
+                    assert b < nxt
+
+
+def test_bad_arguments_are_refused_before_any_step():
+    with pytest.raises(ValueError, match=r"cw must be in 0\.\.1, got 2"):
+        consumer(2, 3, 3)
+    with pytest.raises(ValueError, match=r"n_mine must be in 1\.\.3, got 4"):
+        consumer(0, 3, 4)
+    with pytest.raises(TypeError, match="n_tiles must be an int, got float"):
+        consumer(0, 3.0, 3)
+    with pytest.raises(ValueError, match=r"n_tiles must be >= 1, got 0"):
+        run(0, (1, 1), 2)
+    with pytest.raises(ValueError, match=r"n_mine must be a pair"):
+        run(3, [3, 3], 2)
+    with pytest.raises(ValueError, match=r"n_mine\[1\] must be in 1\.\.3, got 0"):
+        run(3, (3, 0), 2)
+    with pytest.raises(ValueError, match=r"stages must be >= 1, got 0"):
+        run(3, (3, 3), 0)
 
 
 def test_model_catches_a_missing_turn():
@@ -130,7 +121,7 @@ def test_model_catches_a_missing_turn():
             ops = ops[: cut + 1] + kept
         return ops
 
-    with pytest.raises(AssertionError, match="deadlock|pending"):
+    with pytest.raises(ScheduleError, match="deadlock|pending"):
         run(3, (2, 3), 2, program=short)
 
 
@@ -141,5 +132,5 @@ def test_model_catches_a_last_hand_over():
         ops = list(consumer(cw, n_tiles, n_mine))
         return ops + [("arrive", 0)] if cw == 1 else ops
 
-    with pytest.raises(AssertionError, match="pending"):
+    with pytest.raises(ScheduleError, match="pending"):
         run(2, (2, 2), 2, program=always_hand_over)
