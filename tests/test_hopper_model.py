@@ -303,3 +303,58 @@ def test_draw_accumulators_labels_come_from_the_map(n, warp, close_figures):
     assert labels[:3] == [f"T{32 * warp}\nd0", f"T{32 * warp}\nd1", f"T{32 * warp + 1}\nd0"]
     with pytest.raises(ValueError, match=r"warp must be in 0\.\.3, got 4"):
         hf.draw_accumulators(64, 4)
+
+
+def _boxes(ax):
+    """(column, row, text) of each labelled box of a draw_pingpong panel."""
+    return sorted(
+        (int(t.get_position()[0]), int(t.get_position()[1]), t.get_text())
+        for t in ax.texts
+        if "\n" in t.get_text()
+    )
+
+
+def test_draw_pingpong_draws_the_models_order(close_figures):
+    import matplotlib.pyplot as plt
+
+    from flashref.gpu import hopper_figures as hf
+    from flashref.gpu import pingpong as pp
+
+    fig = hf.draw_pingpong(3)
+    assert fig.get_size_inches()[0] * fig.dpi == 800
+    free, turns = (_boxes(ax) for ax in fig.axes)
+    for got, program in ((free, pp.without_turns()), (turns, pp.consumer)):
+        want = [
+            (col, cw, hf._box_text(kind, op))
+            for col, cw, kind, op in hf.schedule_boxes(pp.run(3, (3, 3), 2, program=program))
+        ]
+        assert got == sorted(want)
+
+    def issuing(boxes, cw):  # the columns in which warpgroup cw issues products
+        return {c for c, r, t in boxes if r == cw and t.startswith(("GEMMs", "last"))}
+
+    assert issuing(free, 0) == issuing(free, 1) and len(issuing(free, 0)) == 4  # v21: at once
+    assert len(issuing(turns, 0)) == 4 and not issuing(turns, 0) & issuing(turns, 1)  # v23
+    # warpgroup 1's GEMMs of tile 0 beside warpgroup 0's softmax of tile 0
+    assert (1, 0, "softmax\n0") in turns and (1, 1, "GEMMs\n0") in turns
+    texts = [t.get_text() for t in fig.texts]
+    assert any("order of events, not time" in t for t in texts)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == 2 and "empty" not in " ".join(labels)
+    plt.close(fig)
+    causal = hf.draw_pingpong(4, (2, 4))
+    assert sum(t == "empty\nturn" for _, r, t in _boxes(causal.axes[1]) if r == 0) == 2
+    assert "empty turn" in causal.legends[0].get_texts()[-1].get_text()
+
+
+def test_draw_pingpong_refuses_bad_arguments_before_drawing(close_figures):
+    import matplotlib.pyplot as plt
+
+    from flashref.gpu import hopper_figures as hf
+
+    before = plt.get_fignums()
+    with pytest.raises(ValueError, match=r"n_mine\[0\] must be in 1\.\.3, got 4"):
+        hf.draw_pingpong(3, (4, 3))
+    with pytest.raises(ValueError, match=r"n_tiles must be >= 1, got 0"):
+        hf.draw_pingpong(0)
+    assert plt.get_fignums() == before

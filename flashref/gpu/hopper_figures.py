@@ -1,10 +1,12 @@
-"""Pictures of Hopper's layouts in ``flashref.gpu.hopper``, drawn from its models.
+"""Pictures of Hopper's layouts and schedules, drawn from the models of ``flashref.gpu``.
 
 ``draw_swizzle()``: a 64-column 16-bit tile's 16-byte chunks, as the rows hold them
 (left) and where the 128-byte swizzle stores them in shared memory (right).
 ``draw_accumulators(n, cols)``: which thread and register of the warpgroup holds each
 element of the first ``cols`` columns of a ``wgmma`` m64nNk16 accumulator: one hue per
 warp (rows 16 w .. 16 w + 15), lighter as the lane's group g = lane // 4 grows.
+``draw_pingpong(n_tiles, n_mine, stages)``: version 21's and version 23's consumer
+warpgroups as a timeline of their products and softmaxes, from ``flashref.gpu.pingpong``.
 
 matplotlib is imported inside the functions, as in ``flashref.gpu.fragment_figures``;
 each returns a pyplot figure 8 inches wide at 100 dpi (800 pixels, the book's page).
@@ -102,4 +104,83 @@ def draw_accumulators(n: int = 64, warp: int = 0):
         ax.plot([x0, x0 + z * cols], [r, r], color="black", lw=1.5)
     ax.text(0, -0.1, f"m64n{n}k16: rows 0-63, columns 0-{cols - 1}", fontsize=fs, va="bottom")
     ax.text(x0, -0.1, f"warp {warp}: rows {16 * warp}-{16 * warp + 15}", fontsize=fs, va="bottom")
+    return fig
+
+
+def schedule_boxes(events) -> list[tuple[int, int, str, tuple]]:
+    """(column, warpgroup, kind, op) of each box of a ping-pong timeline, from ``run``'s events:
+    kind "gemm" (a turn that issues products), "empty" (a turn that issues none) or "softmax".
+    Columns number the model's steps that hold a box, in order; boxes in one step share one."""
+    from .pingpong import Event
+
+    found = []
+    for cw in (0, 1):
+        mine = [e for e in events if e.who == cw]
+        for e, nxt in zip(mine, [*mine[1:], Event(-1, cw, ("end",))], strict=True):
+            if e.op[0] in ("gemm", "softmax"):
+                found.append((e.step, cw, e.op[0], e.op))
+            elif e.op[0] == "sync" and nxt.op[0] != "gemm":
+                found.append((e.step, cw, "empty", e.op))
+    column = {s: i for i, s in enumerate(sorted({b[0] for b in found}))}
+    return sorted((column[s], cw, kind, op) for s, cw, kind, op in found)
+
+
+BOX_COLOURS = {"gemm": "#1f77b4", "softmax": "#ff7f0e", "empty": "#d9d9d9"}
+
+
+def _box_text(kind: str, op: tuple) -> str:
+    if kind == "softmax":
+        return f"softmax\n{op[1]}"
+    if kind == "empty":
+        return "empty\nturn"
+    return "last\nP V" if op[1] is None else f"GEMMs\n{op[1]}"
+
+
+def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stages: int = 2):
+    """Both consumer warpgroups' turns as a timeline, from ``pingpong.run``'s order of events:
+    version 21 (no turns, top) above version 23 (turns, bottom). A box "GEMMs j" is a turn
+    that issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}; "softmax j" the softmax of S_j."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    from . import pingpong as pp
+
+    n_mine = (n_tiles, n_tiles) if n_mine is None else n_mine
+    panels = [
+        ("version 21: no turns, both warpgroups issue at once", pp.without_turns()),
+        ("version 23: turns, one warpgroup issues at a time", pp.consumer),
+    ]
+    boxes = [schedule_boxes(pp.run(n_tiles, n_mine, stages, program=p)) for _, p in panels]
+    cols = max(b[0] for bs in boxes for b in bs) + 1
+    label_w = 1.6  # columns of room for the row names
+    height = 4.6  # inches: two panels of two rows, the legend below
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH_IN, height), dpi=DPI)
+    box_pt = 0.92 * 72 * WIDTH_IN / (cols + label_w)  # a box's width in points
+    fs = min(9.0, box_pt / (8 * 0.6))  # "softmax" (7 characters of about 0.6 em) and a margin
+    for ax, (title, _), bs in zip(axes, panels, boxes, strict=True):
+        for col, cw, kind, op in bs:
+            fill = {"facecolor": BOX_COLOURS[kind], "edgecolor": "black", "lw": 0.5}
+            ax.add_patch(Rectangle((col + 0.04, cw + 0.06), 0.92, 0.88, **fill))
+            colour = "white" if kind == "gemm" else "black"
+            ax.text(col + 0.5, cw + 0.5, _box_text(kind, op), ha="center", va="center",
+                    fontsize=fs, color=colour, linespacing=1.0)  # fmt: skip
+        for cw in (0, 1):
+            ax.text(-0.2, cw + 0.5, f"warpgroup {cw}", ha="right", va="center", fontsize=10)
+        ax.set_title(title, fontsize=10.5, loc="left")
+        ax.set_xlim(-label_w, cols)
+        ax.set_ylim(2.05, -0.05)
+        ax.axis("off")
+    legend = {
+        "gemm": r"GEMMs $j$: its turn, $S_j = Q K_j^T$ and $O$ += $P_{j-1} V_{j-1}$ issued",
+        "softmax": r"softmax $j$: the softmax of $S_j$",
+        "empty": "empty turn: a tile past its rows (causal), handed on",
+    }
+    shown = {b[2] for bs in boxes for b in bs}
+    handles = [Patch(facecolor=BOX_COLOURS[k], edgecolor="black", lw=0.5, label=text)
+               for k, text in legend.items() if k in shown]  # fmt: skip
+    fig.legend(handles=handles, loc="lower left", fontsize=9, ncol=1, frameon=False,
+               bbox_to_anchor=(0.0, 0.0))  # fmt: skip
+    fig.text(0.98, 0.02, "steps of the model: order of events, not time \u2192", ha="right",
+             fontsize=10)  # fmt: skip
+    fig.tight_layout(rect=(0, (0.1 + 0.24 * len(handles)) / height, 1, 1))
     return fig
