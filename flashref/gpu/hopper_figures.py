@@ -171,7 +171,8 @@ def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stage
         ax.set_ylim(2.05, -0.05)
         ax.axis("off")
     legend = {
-        "gemm": r"GEMMs $j$: its turn, $S_j = Q K_j^T$ and $O$ += $P_{j-1} V_{j-1}$ issued",
+        "gemm": r"GEMMs $j$: its turn, $S_j = Q K_j^T$ and $O$ += $P_{j-1} V_{j-1}$ issued"
+        r" (last: $O$ += $P V$ alone)",
         "softmax": r"softmax $j$: the softmax of $S_j$",
         "empty": "empty turn: a tile past its rows (causal), handed on",
     }
