@@ -50,8 +50,8 @@ def test_profile_hopper_keeps_listed_counters_and_prints_the_tensor_pipe(
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg, "_require_gpu", lambda: None)
     monkeypatch.setattr(profile, "_meta", lambda cp: {"gpu": "a GPU"})
-    monkeypatch.setattr(profile_hopper.subprocess, "run", fake_run)
-    monkeypatch.setattr(profile_hopper, "profile", fake_profile)
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    monkeypatch.setattr(profile, "profile", fake_profile)
     out = tmp_path / "hopper.json"
     assert profile.main(["--hopper", "--versions", "21", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())

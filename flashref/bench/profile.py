@@ -258,25 +258,31 @@ def print_cases(cases: list[dict]) -> None:
               + ("" if red is None else f", L2 red sectors {red / 1e6:.1f} M"))  # fmt: skip
 
 
-def backward_main(args, meta: dict) -> int:
-    """``--backward``: every backward version's counters into ``args.out``."""
+def profile_with_extras(plan: list[dict], wanted, meta: dict, out: Path) -> list[dict]:
+    """Profile ``plan`` with the forward's counters and those of ``wanted`` that this ncu
+    lists (``ncu --query-metrics``; a failed query lists nothing), once more without them if
+    ncu refuses one anyway; write ``{"meta", "rows"}`` to ``out`` with the counters asked for
+    and those left out (``meta.metrics``, ``meta.metrics_missing``); return the cases."""
     query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
-    # a failed query lists nothing: the extra counters are then all left out
-    extra, missing = available_metrics(BWD_METRICS, query.stdout if query.returncode == 0 else "")
+    extra, missing = available_metrics(wanted, query.stdout if query.returncode == 0 else "")
     metrics = (*NCU_METRICS, *extra)
-    out = args.out or Path("results/gpu_backward_profile.json")
-    plan = backward_plan(args.versions)
     try:
         cases = profile(plan, metrics)
     except RuntimeError as err:  # ncu refused a listed name: once more with the forward's set
-        print(f"ncu failed with the backward's counters, again without them:\n{err}")
-        missing, metrics = list(BWD_METRICS), NCU_METRICS
+        print(f"ncu failed with the extra counters, again without them:\n{err}")
+        missing, metrics = list(wanted), NCU_METRICS
         cases = profile(plan, metrics)
     meta.update(metrics=list(metrics), metrics_missing=missing)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
     print(f"wrote {out} ({len(cases)} cases); not in this ncu: {missing or 'none'}")
-    print_cases(cases)
+    return cases
+
+
+def backward_main(args, meta: dict) -> int:
+    """``--backward``: every backward version's counters into ``args.out``."""
+    out = args.out or Path("results/gpu_backward_profile.json")
+    print_cases(profile_with_extras(backward_plan(args.versions), BWD_METRICS, meta, out))
     return 0
 
 

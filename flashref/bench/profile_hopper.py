@@ -27,11 +27,9 @@ A name that ``ncu --query-metrics`` does not list is left out and named in
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
-from .profile import NCU_METRICS, PROFILE_SHAPE, available_metrics, print_cases, profile
+from .profile import PROFILE_SHAPE, print_cases, profile_with_extras
 
 HOPPER_METRICS = (
     "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
@@ -71,14 +69,5 @@ def print_hopper(cases: list[dict]) -> None:
 
 
 def run_hopper(meta: dict, out: Path, versions=None) -> int:
-    query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
-    extra, missing = available_metrics(HOPPER_METRICS, query.stdout if query.returncode == 0
-                                       else "")  # fmt: skip
-    metrics = (*NCU_METRICS, *extra)
-    cases = profile(hopper_plan(versions), metrics)
-    meta.update(metrics=list(metrics), metrics_missing=missing)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
-    print(f"wrote {out} ({len(cases)} cases); not in this ncu: {missing or 'none'}")
-    print_hopper(cases)
+    print_hopper(profile_with_extras(hopper_plan(versions), HOPPER_METRICS, meta, out))
     return 0
