@@ -190,6 +190,12 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
 
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
     from .bench.provenance import driver_version
+    from .gpu import _check_version, _device_cc
+    from .gpu.backward import _check_bwd_version
+
+    d = cfg.d_model // cfg.n_heads  # what version=None runs here for the model's attention
+    versions = {"forward": _check_version(None, dtype, d, True, _device_cc(cupy)).number,
+                "backward": _check_bwd_version(None, dtype, d, True).number}  # fmt: skip
 
     return {
         "gpu": dev.name,
@@ -203,6 +209,7 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
         "model": dataclasses.asdict(cfg) | {"vocab_size": corpus.vocab_size},
         "steps": steps,
         "dtype": dtype,
+        "flashref_versions": versions,
         "text_chars": {"train": len(corpus.train), "val": len(corpus.val)},
     }
 

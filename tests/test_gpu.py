@@ -172,6 +172,24 @@ def test_public_api_default_version_out_and_lse(cp, dtype):
     assert np.max(np.abs(cp.asnumpy(lse) - ref_lse)) <= LSE_TOL * 10
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_is_the_table_of_this_gpu(cp, dtype, d, causal):
+    """version=None runs what default_version names for this GPU's compute capability (on an
+    H200 the sm_90a table): the same bits as asking for that version by number."""
+    from flashref.gpu import _device_cc, flash_attention
+    from flashref.gpu.versions import default_version
+
+    number = default_version(dtype, d, causal, _device_cc(cp))
+    q, k, v, ref, _ = _case(dtype, (2, 2), 300, 300, d, causal)
+    q, k, v = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+    O = flash_attention(q, k, v, causal=causal)
+    O_n = flash_attention(q, k, v, causal=causal, version=number)
+    assert cp.asnumpy(O).tobytes() == cp.asnumpy(O_n).tobytes(), f"default is not v{number}"
+    assert _rel_err(cp.asnumpy(O), ref) <= CEILING[dtype]
+
+
 @pytest.mark.parametrize("number", [1, 2, 8])
 def test_scale_non_contiguous_and_no_keys(cp, number):
     from flashref.gpu import VERSIONS, flash_attention

@@ -327,6 +327,42 @@ def test_default_versions_are_the_fastest_in_the_recorded_run():
         assert fg.PREFERENCE[key] == max(medians, key=medians.get), key
 
 
+def test_hopper_defaults_are_the_fastest_in_the_recorded_hopper_run():
+    """HOPPER_PREFERENCE says what results/gpu_hopper.json says: per (dtype, d, causal), the
+    version with the highest median TFLOP/s over N in the Hopper run, every version it ran."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "results" / "gpu_hopper.json"
+    tflops = {}
+    for r in json.loads(path.read_text())["rows"]:
+        if r["family"] == "flashref" and r["tflops"] and r["dtype"] == r["run_dtype"]:
+            tflops.setdefault((r["dtype"], r["d"], r["causal"]), {}).setdefault(
+                r["version"], []
+            ).append(r["tflops"])
+    assert set(tflops) == set(fg.HOPPER_PREFERENCE), "the run and the table cover other cases"
+    for key, by_version in tflops.items():
+        medians = {v: statistics.median(t) for v, t in by_version.items()}
+        assert fg.HOPPER_PREFERENCE[key] == max(medians, key=medians.get), (key, medians)
+
+
+def test_default_version_depends_on_the_compute_capability():
+    """version=None: HOPPER_PREFERENCE on 9.0 only; PREFERENCE on 8.x and on later GPUs, where
+    the sm_90a code cannot run; float32 takes version 2 everywhere."""
+    for (dtype, d, causal), number in fg.HOPPER_PREFERENCE.items():
+        ver = fg._check_version(None, dtype, d, causal, (9, 0))
+        assert ver.number == number and ver.runs_on((9, 0)) and ver.arch == "sm_90a"
+        for cc in ((8, 0), (8, 9), (10, 0), None):
+            other = fg._check_version(None, dtype, d, causal, cc)
+            assert other.number == fg.PREFERENCE[dtype, d, causal]
+            assert cc is None or other.runs_on(cc)
+    for causal in (False, True):
+        assert fg._check_version(None, "float32", 40, causal, (9, 0)).number == 2
+    with pytest.raises(ValueError, match="head dim d=96"):
+        fg._check_version(None, "float16", 96, False, (9, 0))
+
+
 def test_kernel_diff_shows_only_what_a_version_changed():
     from flashref.gpu.versions import base_of, kernel_diff
 

@@ -88,13 +88,13 @@ def _meta(cp, torch, args) -> dict:
 def _impls(ctx, d, causal, dtype, x):
     """[(impl, direction, version, run, grads_or_None)] for one configuration."""
     cp, torch = ctx["cp"], ctx["torch"]
-    from flashref.gpu import BWD_VERSIONS, flash_attention
+    from flashref.gpu import BWD_VERSIONS, _device_cc, flash_attention
     from flashref.gpu import _check_version as forward_version
     from flashref.gpu.backward import get_functions, launch_backward
 
     q, k, v, do = x
     scale = 1 / math.sqrt(d)
-    fwd = forward_version(None, dtype, d, causal)
+    fwd = forward_version(None, dtype, d, causal, _device_cc(cp))  # what version=None runs here
     O, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
     out = [("flashref", "forward", fwd.number,
             lambda: flash_attention(q, k, v, causal=causal, out=O), None)]  # fmt: skip

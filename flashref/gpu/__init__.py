@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 
 from .._checks import check_flag, check_scale, check_shapes
-from .versions import KERNEL_DIR, PREFERENCE, VERSIONS, Version
+from .versions import HOPPER_PREFERENCE, KERNEL_DIR, PREFERENCE, VERSIONS, Version, default_version
 
 INSTALL_HINT = (
     "install CuPy for your CUDA driver with pip install 'flashref[cuda12]' "
@@ -69,11 +69,11 @@ def _require_gpu():
     return cupy
 
 
-def _check_version(version, dtype: str, d: int, causal: bool = False) -> Version:
+def _check_version(version, dtype: str, d: int, causal: bool = False, cc=None) -> Version:
+    """The version to run: ``version`` checked against the dtype and d, or for None the
+    default (``default_version``) on a GPU of compute capability ``cc`` (None: any GPU's)."""
     if version is None:
-        number = PREFERENCE.get((dtype, d, causal))
-        if number is None and dtype == "float32" and d in VERSIONS[2].head_dims:
-            number = PREFERENCE[("float32", None, causal)]  # any d the fp32 kernels take
+        number = default_version(dtype, d, causal, cc)
         if number is not None:
             return VERSIONS[number]
         dims = sorted({x for v in VERSIONS.values() if dtype in v.dtypes for x in v.head_dims})
@@ -98,10 +98,16 @@ def _check_version(version, dtype: str, d: int, causal: bool = False) -> Version
     return v
 
 
+def _device_cc(cp) -> tuple[int, int]:
+    """The current device's compute capability as (major, minor)."""
+    major, minor = divmod(int(cp.cuda.Device().compute_capability), 10)
+    return major, minor
+
+
 def _check_capability(cp, ver: Version) -> None:
     """The version's instructions must exist on this GPU: a clear error, not an NVRTC failure."""
     dev = cp.cuda.Device()
-    cc = tuple(int(c) for c in divmod(int(dev.compute_capability), 10))
+    cc = _device_cc(cp)
     if not ver.runs_on(cc):
         name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
         if ver.arch:
@@ -220,6 +226,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     cp = _require_gpu()
     torch_in = _is_torch(q)
     q, k, v = (_to_cupy(cp, x, name) for name, x in (("q", q), ("k", k), ("v", v)))
+    if version is None:  # the default of this GPU's compute capability (HOPPER_PREFERENCE)
+        ver = _check_version(None, dtype, d, causal, _device_cc(cp))
     _check_capability(cp, ver)
     lead, Nq = tuple(q.shape[:-2]), q.shape[-2]
     if out is not None:
@@ -276,6 +284,7 @@ __all__ = [
     "DTYPES",
     "GPUUnavailableError",
     "KERNEL_DIR",
+    "HOPPER_PREFERENCE",
     "PREFERENCE",
     "VERSIONS",
     "Version",

@@ -22,7 +22,7 @@ import numpy as np
 
 from flashref import naive_attention, naive_attention_backward
 
-from . import BWD_VERSIONS, VERSIONS, _require_gpu
+from . import BWD_VERSIONS, VERSIONS, _device_cc, _require_gpu
 
 LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [((2, 70), (2, 100))] if args.small else [((2, 3, 70), (2, 3, 100)),
                                                        ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0
-    cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
+    cc = _device_cc(cp)
     for ver in VERSIONS.values():
         if args.versions and ver.number not in args.versions:
             continue

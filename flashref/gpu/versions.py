@@ -206,6 +206,33 @@ PREFERENCE: dict[tuple[str, int | None, bool], int] = {
     ("bfloat16", 128, True): 17,
 }
 
+# On compute capability 9.0 (H100, H200), where the sm_90a versions run, version=None picks from
+# this table instead: the version with the highest median TFLOP/s over N = 1024, 4096, 16384 in
+# the recorded Hopper run (results/gpu_hopper.json, chapter 11; a test checks it). Every other
+# GPU keeps PREFERENCE, and float32 keeps version 2 everywhere.
+HOPPER_CC = (9, 0)
+HOPPER_PREFERENCE: dict[tuple[str, int, bool], int] = {
+    ("float16", 64, False): 24,
+    ("float16", 64, True): 24,
+    ("float16", 128, False): 26,
+    ("float16", 128, True): 26,
+    ("bfloat16", 64, False): 24,
+    ("bfloat16", 64, True): 24,
+    ("bfloat16", 128, False): 26,
+    ("bfloat16", 128, True): 26,
+}
+
+
+def default_version(dtype: str, d: int, causal: bool, cc: tuple[int, int] | None = None):
+    """The version ``version=None`` runs for (dtype, d, causal) on a GPU of compute capability
+    ``cc`` (None: the table for any GPU), or None when no version takes that dtype and d."""
+    if cc == HOPPER_CC and (dtype, d, causal) in HOPPER_PREFERENCE:
+        return HOPPER_PREFERENCE[dtype, d, causal]
+    number = PREFERENCE.get((dtype, d, causal))
+    if number is None and dtype == "float32" and d in VERSIONS[2].head_dims:
+        number = PREFERENCE[("float32", None, causal)]  # any d the fp32 kernels take
+    return number
+
 
 def code_lines(number: int) -> list[str]:
     """The lines of version ``number``'s .cu file after its header comment."""
