@@ -102,15 +102,16 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     lse2 = lse.reshape(BH, Nq)
     fn = get_function(ver, d, str(q.dtype))
     smem = ver.smem_bytes(d)
-    Tr = (Nq + ver.Br - 1) // ver.Br
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     for b0 in range(0, BH, MAX_GRID_Y):
         b1 = min(BH, b0 + MAX_GRID_Y)
         maps = _tma_args(ver, q3[b0:b1], k3[b0:b1], v3[b0:b1], d) if ver.tma else ()
+        heads = (np.int32(b1 - b0),) if ver.persistent else ()  # the work tiles' B*H
         fn(
-            (Tr, b1 - b0),
+            ver.grid(Nq, b1 - b0, sms),
             (ver.threads,),
             (q3[b0:b1], k3[b0:b1], v3[b0:b1], O3[b0:b1], lse2[b0:b1],
-             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps),
+             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps, *heads),
             shared_mem=smem,
         )  # fmt: skip
 
