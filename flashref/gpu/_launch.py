@@ -22,6 +22,10 @@ NVRTC_OPTIONS = ("--std=c++17", *os.environ.get("FLASHREF_NVRTC_FLAGS", "").spli
 MAX_GRID_Y = 65535  # blockIdx.y runs over batch*heads
 DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 
+# A persistent version's grid is min(work tiles, SMs); a smaller cap here makes each block walk
+# many work tiles even at small shapes (the GPU tests set it; None: the SM count alone).
+MAX_PERSISTENT_BLOCKS: int | None = None
+
 _functions: dict[tuple[int, int, str, int], cp.RawKernel] = {}
 
 
@@ -103,6 +107,8 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     fn = get_function(ver, d, str(q.dtype))
     smem = ver.smem_bytes(d)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    if MAX_PERSISTENT_BLOCKS is not None:
+        sms = min(sms, MAX_PERSISTENT_BLOCKS)
     for b0 in range(0, BH, MAX_GRID_Y):
         b1 = min(BH, b0 + MAX_GRID_Y)
         maps = _tma_args(ver, q3[b0:b1], k3[b0:b1], v3[b0:b1], d) if ver.tma else ()

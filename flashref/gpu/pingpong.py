@@ -228,7 +228,7 @@ def _block_consumer(cw: int, tiles: WorkTiles) -> Iterator[tuple]:
     for n, (n_tiles, split) in enumerate(tiles):
         n_mine, n_turns, more = split[cw], n_tiles + 1, n + 1 < len(tiles)
 
-        def turn_end(turn):
+        def turn_end(turn, more=more, n_turns=n_turns):
             if cw == 0 or more or turn + 1 < n_turns:
                 yield ("arrive", 1 - cw)
 
@@ -297,3 +297,35 @@ def alternate_everywhere(max_tiles: int = 12, stages: tuple[int, ...] = (2, 3)) 
                 for st in stages:
                     ok &= turns(run(n_tiles, (n0, n1), st)) == [0, 1] * (n_tiles + 1)
     return ok
+
+
+def work_tile(item: int, Tr: int, BH: int, causal: bool) -> tuple[int, int]:
+    """Version 27's work_tile(): (query block, head) of work tile ``item`` of ``Tr * BH``.
+    Without causal a head's query blocks are side by side; with causal the list runs level by
+    level (every head's last query block first), every other level through the heads backwards."""
+    Tr, BH = _int(Tr, "Tr", 1), _int(BH, "BH", 1)
+    item = _int(item, "item", 0, Tr * BH - 1)
+    if not causal:
+        return item % Tr, item // Tr
+    level, r = divmod(item, BH)
+    return Tr - 1 - level, (BH - 1 - r if level % 2 else r)
+
+
+def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool,
+                Br: int = 128, Bc: int = 128) -> WorkTiles:  # fmt: skip
+    """The work tiles block ``b`` of ``grid`` takes in version 27 (b, b + grid, ...), each as
+    (n_tiles, (n_mine of warpgroup 0, of 1)) computed as the kernel computes them."""
+    Nq, Nk, BH, Br, Bc = (_int(x, n, 1) for x, n in ((Nq, "Nq"), (Nk, "Nk"), (BH, "BH"),
+                                                      (Br, "Br"), (Bc, "Bc")))  # fmt: skip
+    Tr = -(-Nq // Br)
+    grid = _int(grid, "grid", 1, Tr * BH)
+    b = _int(b, "b", 0, grid - 1)
+    out = []
+    for item in range(b, Tr * BH, grid):
+        q0 = work_tile(item, Tr, BH, causal)[0] * Br
+        kv_end = min(Nk, q0 + Br) if causal else Nk
+        n_tiles = -(-kv_end // Bc)
+        split = tuple(min(n_tiles, (q0 + cw * 64 + 63) // Bc + 1) if causal else n_tiles
+                      for cw in (0, 1))  # fmt: skip
+        out.append((n_tiles, split))
+    return out
