@@ -366,3 +366,13 @@ def test_persistent_version_registry_and_grid():
     text = ver.path.read_text()
     assert "#define KV_STAGES 3" in text and "#define Bc 128" in text
     assert "int BH)" in text  # the extra argument launch() passes to a persistent version
+
+
+def test_persistent_block_cap_from_the_environment():
+    from flashref.gpu.versions import max_persistent_blocks
+
+    assert max_persistent_blocks(None) is None and max_persistent_blocks("") is None
+    assert max_persistent_blocks("3") == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(ValueError, match="FLASHREF_MAX_PERSISTENT_BLOCKS must be an integer"):
+            max_persistent_blocks(bad)

@@ -194,22 +194,31 @@ def test_one_work_tile_is_version_23():
 
 
 def test_v27_block_tiles_cover_the_list_longest_first():
-    """Every work tile goes to one block; causal runs the longest first over the whole list,
-    and the blocks' turns differ by at most one work tile's; each block's schedule runs."""
-    from flashref.gpu.pingpong import block_tiles, work_tile
+    """Every work tile goes to one block; causal runs the longest first inside each section of
+    heads (over the whole list when one section holds all heads), a section's K/V fits
+    L2_KV_BYTES, and the blocks' turns differ by at most two of the longest work tiles';
+    each block's whole schedule runs."""
+    from flashref.gpu.pingpong import L2_KV_BYTES, block_tiles, section_heads, work_tile
 
-    for Nq, BH, causal in [(1024, 512, True), (1000, 7, True), (1000, 7, False), (17, 3, True)]:
-        Tr = -(-Nq // 128)
-        order = [work_tile(i, Tr, BH, causal) for i in range(Tr * BH)]
+    shapes = [(1024, 512, 128), (1024, 512, 64), (4096, 128, 128), (16384, 32, 64), (1000, 7, 64),
+              (17, 3, 128)]  # fmt: skip
+    for (Nq, BH, d), causal in [(s, c) for s in shapes for c in (True, False)]:
+        Tr, G = -(-Nq // 128), section_heads(Nq, d, BH)
+        assert G == BH or G * Nq * d * 4 <= L2_KV_BYTES < (G + 1) * Nq * d * 4
+        order = [work_tile(i, Tr, BH, causal, G) for i in range(Tr * BH)]
         assert sorted(order) == [(qb, bh) for qb in range(Tr) for bh in range(BH)]
-        if causal:
-            assert [qb for qb, _ in order] == sorted((qb for qb, _ in order), reverse=True)
+        if causal:  # sections of G heads, one after another, each longest first
+            for h0 in range(0, BH, G):
+                part = order[h0 * Tr : (h0 + min(G, BH - h0)) * Tr]
+                assert {bh for _, bh in part} == set(range(h0, min(BH, h0 + G)))
+                assert [qb for qb, _ in part] == sorted((qb for qb, _ in part), reverse=True)
         else:  # a head's query blocks side by side
             assert [bh for _, bh in order] == sorted(bh for _, bh in order)
         grid = min(Tr * BH, 132)
-        work = [sum(n + 1 for n, _ in block_tiles(b, grid, Nq, Nq, BH, causal))
+        work = [sum(n + 1 for n, _ in block_tiles(b, grid, Nq, Nq, BH, causal, d))
                 for b in range(grid)]  # fmt: skip
-        assert max(work) - min(work) <= Tr + 1, (Nq, BH, causal, min(work), max(work))
+        assert max(work) - min(work) <= 2 * (Tr + 1), (Nq, BH, d, causal, min(work), max(work))
+    assert section_heads(1024, 64, 7) == 7  # small cases: one section, longest first overall
     for b in range(6):  # ragged Nq != Nk, causal: the whole schedule of each block runs
         pp.run_blocks(block_tiles(b, 6, 1000, 4097, 3, True), 3)
         pp.run_blocks(block_tiles(b, 6, 1000, 130, 3, True), 3)
@@ -224,7 +233,10 @@ def test_model_follows_the_v27_kernel():
     assert "if (n_mine == 1) mbar_arrive(q_empty);" in text
     assert "if (it + 1 == n_mine) mbar_arrive(q_empty);" in text
     assert "mbar_wait(qbar, n & 1);" in text and "mbar_wait(q_empty, (n - 1) & 1);" in text
-    assert "bh = (level & 1) ? BH - 1 - r : r;" in text and "q_block = Tr - 1 - level;" in text
+    assert "bh = h0 + ((level & 1) ? Gs - 1 - r : r);" in text
+    assert "q_block = Tr - 1 - level;" in text and "const int j = item - h0 * Tr;" in text
+    assert f"#define L2_KV_BYTES ({pp.L2_KV_BYTES >> 20}ll << 20)" in text
+    assert "L2_KV_BYTES / ((long long)Nk * D * 4)" in text
     consumer_code = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
     assert consumer_code.count("turn_begin(cw);") == 4
     assert consumer_code.count("turn_end(cw, ") == 4
@@ -274,3 +286,7 @@ def test_bad_work_tiles_are_refused_before_any_step():
         pp.work_tile(6, 2, 3, True)
     with pytest.raises(ValueError, match=r"grid must be in 1\.\.6, got 7"):
         pp.block_tiles(0, 7, 200, 200, 3, False)
+    with pytest.raises(ValueError, match=r"G must be in 1\.\.3, got 4"):
+        pp.work_tile(0, 2, 3, True, 4)
+    with pytest.raises(ValueError, match=r"d must be >= 1, got 0"):
+        pp.section_heads(100, 0, 3)

@@ -16,17 +16,30 @@ import os
 import cupy as cp
 import numpy as np
 
+from .versions import max_persistent_blocks
+
 # CuPy adds -arch=sm_XY for the current device. FLASHREF_NVRTC_FLAGS adds more, for example
 # -lineinfo, which lets Nsight Compute's source view map SASS back to .cu lines.
 NVRTC_OPTIONS = ("--std=c++17", *os.environ.get("FLASHREF_NVRTC_FLAGS", "").split())
 MAX_GRID_Y = 65535  # blockIdx.y runs over batch*heads
 DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 
+
 # A persistent version's grid is min(work tiles, SMs); a smaller cap here makes each block walk
-# many work tiles even at small shapes (the GPU tests set it; None: the SM count alone).
-MAX_PERSISTENT_BLOCKS: int | None = None
+# many work tiles even at small shapes (the GPU tests set it, the sanitizer runs through the
+# environment variable; None: the SM count alone).
+MAX_PERSISTENT_BLOCKS = max_persistent_blocks(os.environ.get("FLASHREF_MAX_PERSISTENT_BLOCKS"))
 
 _functions: dict[tuple[int, int, str, int], cp.RawKernel] = {}
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count() -> int:
+    """The current device's number of SMs (asked once per device)."""
+    dev = cp.cuda.Device()
+    if dev.id not in _sm_counts:
+        _sm_counts[dev.id] = int(dev.attributes["MultiProcessorCount"])
+    return _sm_counts[dev.id]
 
 
 def get_function(ver, d: int, dtype: str | None = None):
@@ -106,7 +119,7 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     lse2 = lse.reshape(BH, Nq)
     fn = get_function(ver, d, str(q.dtype))
     smem = ver.smem_bytes(d)
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    sms = _sm_count() if ver.persistent else 1  # a persistent grid's cap (others: unused)
     if MAX_PERSISTENT_BLOCKS is not None:
         sms = min(sms, MAX_PERSISTENT_BLOCKS)
     for b0 in range(0, BH, MAX_GRID_Y):

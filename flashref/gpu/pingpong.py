@@ -299,19 +299,32 @@ def alternate_everywhere(max_tiles: int = 12, stages: tuple[int, ...] = (2, 3)) 
     return ok
 
 
-def work_tile(item: int, Tr: int, BH: int, causal: bool) -> tuple[int, int]:
+L2_KV_BYTES = 30 << 20  # version 27's L2_KV_BYTES: K and V of a causal section of heads
+
+
+def section_heads(Nk: int, d: int, BH: int) -> int:
+    """Version 27's G: heads per causal section, G x Nk x d x 4 bytes of K/V <= L2_KV_BYTES."""
+    Nk, d, BH = _int(Nk, "Nk", 1), _int(d, "d", 1), _int(BH, "BH", 1)
+    return max(1, min(BH, L2_KV_BYTES // (Nk * d * 4)))
+
+
+def work_tile(item: int, Tr: int, BH: int, causal: bool, G: int | None = None) -> tuple[int, int]:
     """Version 27's work_tile(): (query block, head) of work tile ``item`` of ``Tr * BH``.
-    Without causal a head's query blocks are side by side; with causal the list runs level by
-    level (every head's last query block first), every other level through the heads backwards."""
+    Without causal a head's query blocks are side by side; with causal the heads go in sections
+    of ``G`` (all of them if None), each level by level (every head's last query block first),
+    every other level through the section's heads backwards."""
     Tr, BH = _int(Tr, "Tr", 1), _int(BH, "BH", 1)
+    G = BH if G is None else _int(G, "G", 1, BH)
     item = _int(item, "item", 0, Tr * BH - 1)
     if not causal:
         return item % Tr, item // Tr
-    level, r = divmod(item, BH)
-    return Tr - 1 - level, (BH - 1 - r if level % 2 else r)
+    h0 = item // (G * Tr) * G
+    Gs = min(G, BH - h0)
+    level, r = divmod(item - h0 * Tr, Gs)
+    return Tr - 1 - level, h0 + (Gs - 1 - r if level % 2 else r)
 
 
-def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool,
+def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool, d: int = 128,
                 Br: int = 128, Bc: int = 128) -> WorkTiles:  # fmt: skip
     """The work tiles block ``b`` of ``grid`` takes in version 27 (b, b + grid, ...), each as
     (n_tiles, (n_mine of warpgroup 0, of 1)) computed as the kernel computes them."""
@@ -320,9 +333,10 @@ def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool,
     Tr = -(-Nq // Br)
     grid = _int(grid, "grid", 1, Tr * BH)
     b = _int(b, "b", 0, grid - 1)
+    G = section_heads(Nk, d, BH)
     out = []
     for item in range(b, Tr * BH, grid):
-        q0 = work_tile(item, Tr, BH, causal)[0] * Br
+        q0 = work_tile(item, Tr, BH, causal, G)[0] * Br
         kv_end = min(Nk, q0 + Br) if causal else Nk
         n_tiles = -(-kv_end // Bc)
         split = tuple(min(n_tiles, (q0 + cw * 64 + 63) // Bc + 1) if causal else n_tiles

@@ -110,6 +110,16 @@ class Version:
         return cc == self.min_cc if self.arch else cc >= self.min_cc
 
 
+def max_persistent_blocks(text: str | None) -> int | None:
+    """The environment variable FLASHREF_MAX_PERSISTENT_BLOCKS read as a cap on a persistent
+    version's grid (so that each block walks many work tiles); None where it is unset or empty."""
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"FLASHREF_MAX_PERSISTENT_BLOCKS must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 _FP32 = ("float32",)
 _TC = ("float16", "bfloat16")  # tensor-core versions: mma.sync .f16 or .bf16
 _FP32_DIMS = tuple(range(1, 129))

@@ -12,20 +12,21 @@
 //     b + gridDim.x, ... of the list that work_tile() orders;
 //   * the order (work_tile()): without causal the Tr query blocks of a head are side by side,
 //     as in version 23's grid, so the blocks running at one time cover about SMs / Tr heads,
-//     (SMs / Tr) x Nk x d x 4 bytes of K and V (a few MB at N = 1024, well inside the 60 MB
+//     (SMs / Tr) x Nk x d x 4 bytes of K and V (under 10 MB at N = 1024, inside the 60 MB
 //     L2), and each K/V tile comes from DRAM about once for all the query blocks of its head.
-//     With causal, a static walk ends balanced only if the longest work tiles come first over
-//     the whole list (each block then takes one tile of nearly every length, and the blocks
-//     end within about one work tile of each other), so the list runs level by level: every
-//     head's last query block, then every head's one before it, and so on, every other level
-//     through the heads backwards. The blocks running at one time then hold about SMs
-//     different heads at one or two levels, at most SMs x Nk x d x 4 bytes of K/V in flight,
-//     but they share no tile: L2 need not hold them, as nothing among them is read twice. A
-//     head's next query block comes one level (B x H work tiles) later; it finds its K/V in
-//     L2 while B x H x Nk x d x 4 bytes fits in it (and the heads at each turn of the snake
-//     always do). Above that, causal K/V is read from DRAM once per work tile, about
-//     (Tr + 1) / 2 times the K/V bytes, where version 23's per-head order reads them about
-//     once: the price of the balanced walk, which the DRAM bytes of the profile show;
+//     With causal a static walk ends balanced only if the long work tiles come first (each
+//     block then takes one of nearly every length, and the blocks end close together), so the
+//     list runs level by level: every head's last query block, then every head's one before
+//     it, and so on, every other level through the heads backwards. Over all B x H heads at
+//     once that would put a head's next query block one level, B x H work tiles, after this
+//     one: its K/V would still be in L2 only while B x H x Nk x d x 4 bytes fit, and past that
+//     causal would read K/V from DRAM once per work tile, about (Tr + 1) / 2 times over. So
+//     the levels run over sections of G heads, G x Nk x d x 4 <= L2_KV_BYTES (half the L2,
+//     the rest for the stream of the blocks running at one time), section after section: a
+//     section's K/V stays in L2 while its levels run, and is read from DRAM about once. The
+//     whole list is longest first whenever B x H heads fit in one section; otherwise each
+//     section is, and a section holds G x Tr work tiles, so every block still takes tiles of
+//     nearly every length in each (tests/test_pingpong_model.py bounds the spread);
 //   * the producer never stops between work tiles: the K/V tiles of all of a block's work tiles
 //     share one running count kv (stage kv % KV_STAGES, parity (kv / KV_STAGES) & 1, so a
 //     stage's use count runs over work tiles). Q has one buffer, filled per work tile (qbar,
@@ -42,7 +43,9 @@
 //   * deadlock: no wait of the producer depends on a later work tile (q_empty of tile n needs
 //     only tile n's K/V; a stage's release needs only tiles already loaded), and no barrier can
 //     run two phases ahead of its waiter (Q of tile n + 1 needs q_empty of tile n, which needs
-//     both warpgroups past their wait for Q of tile n; the same for full and empty).
+//     both warpgroups past their wait for Q of tile n; the same for full and empty). A
+//     warpgroup never has 0 own key tiles (causal row r sees key 0, so n_mine >= 1), and the
+//     last work tile ends as version 23's block does.
 // Everything else (the tiles, the softmax, causal per tile, ragged N, lse) is version 23's.
 //
 // Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
@@ -68,6 +71,7 @@
 #define CONSUMER_REGS 240
 #define NBOX (D / 64)            // 64-column boxes per row of a tile
 #define TAU 8.0f                 // rescale when the maximum grows by more than 2^TAU
+#define L2_KV_BYTES (30ll << 20) // causal: K and V of a section of heads, half the 60 MB L2
 #define PINGPONG_BAR 1           // named barrier of consumer warpgroup cw's turn: PINGPONG_BAR + cw
 
 #include "mma_common.cuh"     // half_t, u32, NEG_INF, pack_half2, ex2, smem_u32
@@ -203,19 +207,22 @@ __device__ __forceinline__ void load_kv(u32 Ks, u32 Vs, const TensorMap* kmap, c
 }
 
 // work tile `item` of Tr * BH: its query block and (batch, head). Without causal the Tr query
-// blocks of one head are side by side, as version 23's grid has them; with causal every
-// head's longest query block comes first, then every head's next one, and so on (level by
-// level), the heads in reverse order on every other level
-__device__ __forceinline__ void work_tile(int item, int Tr, int BH, int causal, int& q_block, int& bh)
+// blocks of one head are side by side, as version 23's grid has them; with causal the heads
+// go in sections of G, and inside a section level by level (every head's longest query block
+// first), every other level through the section's heads backwards
+__device__ __forceinline__ void work_tile(int item, int Tr, int BH, int G, int causal, int& q_block,
+                                          int& bh)
 {
     if (!causal) {
         bh = item / Tr;
         q_block = item % Tr;
         return;
     }
-    const int level = item / BH, r = item % BH;
+    const int h0 = item / (G * Tr) * G, Gs = min(G, BH - h0);  // the section's first head, heads
+    const int j = item - h0 * Tr;                               // place inside the section
+    const int level = j / Gs, r = j % Gs;
     q_block = Tr - 1 - level;
-    bh = (level & 1) ? BH - 1 - r : r;
+    bh = h0 + ((level & 1) ? Gs - 1 - r : r);
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
@@ -241,6 +248,8 @@ flash_v27(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
     const int g = lane >> 2, t = lane & 3;
     const int Tr = (Nq + Br - 1) / Br;
     const int n_items = Tr * BH;  // work tiles; this block takes blockIdx.x, + gridDim.x, ...
+    // causal: heads per section, their K and V (Nk x D x 2 x 2 bytes each) within L2_KV_BYTES
+    const int G = (int)max(1ll, min((long long)BH, L2_KV_BYTES / ((long long)Nk * D * 4)));
     if ((int)blockIdx.x >= n_items) return;  // never: the host launches min(n_items, SMs) blocks
 
     if (threadIdx.x == 0) {
@@ -260,11 +269,11 @@ flash_v27(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
             int kv = 0;  // K/V tiles this block has loaded: tile kv goes to stage kv % KV_STAGES
             for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x, n++) {
                 int q_block, bh;
-                work_tile(item, Tr, BH, causal, q_block, bh);
+                work_tile(item, Tr, BH, G, causal, q_block, bh);
                 const int q0 = q_block * Br;
                 const int kv_end = causal ? min(Nk, q0 + Br) : Nk;
                 const int n_tiles = (kv_end + Bc - 1) / Bc;
-                if (n >= 1) mbar_wait(q_empty, (n - 1) & 1);  // both warpgroups' last S of tile n - 1
+                if (n >= 1) mbar_wait(q_empty, (n - 1) & 1);  // both warpgroups' last S of n - 1
                 mbar_arrive_expect_tx(qbar, Q_BYTES);  // Q_i: both consumers' rows
 #pragma unroll
                 for (int b = 0; b < NBOX; b++)
@@ -273,7 +282,7 @@ flash_v27(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
                         tma_load_2d(Qs + b * BOX_Q + w * 64 * 128, &qmap, 64 * b, bh * Nq + q0 + 64 * w, qbar);
                 for (int it = 0; it < n_tiles; it++, kv++) {
                     const int st = kv % KV_STAGES, use = kv / KV_STAGES;  // use-th filling of stage st
-                    if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);  // K/V tile kv - KV_STAGES left it
+                    if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);  // kv - KV_STAGES left it
                     load_kv(Ks_buf + st * KV_BYTES, Vs_buf + st * KV_BYTES, &kmap, &vmap,
                             bh * Nk + it * Bc, full0 + 8 * st);
                 }
@@ -292,7 +301,7 @@ flash_v27(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
     int kv = 0;  // K/V tiles this block has consumed before this work tile (the producer's count)
     for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x, n++) {
         int q_block, bh;
-        work_tile(item, Tr, BH, causal, q_block, bh);
+        work_tile(item, Tr, BH, G, causal, q_block, bh);
         const int q0 = q_block * Br;
         const int kv_end = causal ? min(Nk, q0 + Br) : Nk;
         const int n_tiles = (kv_end + Bc - 1) / Bc;
@@ -325,7 +334,7 @@ flash_v27(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
         for (int it = 1; it < n_mine; it++) {
             const int st = (kv + it) % KV_STAGES, pst = (kv + it - 1) % KV_STAGES;
             pack_p(p, s);
-            mbar_wait(full0 + 8 * st, ((kv + it) / KV_STAGES) & 1);  // tile it has landed in stage st
+            mbar_wait(full0 + 8 * st, ((kv + it) / KV_STAGES) & 1);  // tile it landed in stage st
             __syncwarp();
             turn_begin(cw);      // turn it
             wgmma_fence_acc(o);  // the rescale of o stays above the fence
