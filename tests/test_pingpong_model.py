@@ -14,6 +14,7 @@ import re
 import pytest
 
 from flashref.gpu import pingpong as pp
+from flashref.gpu import work_tiles as wt
 from flashref.gpu.pingpong import ScheduleError, consumer, run, turns
 from flashref.gpu.versions import VERSIONS
 
@@ -198,7 +199,7 @@ def test_v27_block_tiles_cover_the_list_longest_first():
     heads (over the whole list when one section holds all heads), a section's K/V fits
     L2_KV_BYTES, and the blocks' turns differ by at most two of the longest work tiles';
     each block's whole schedule runs."""
-    from flashref.gpu.pingpong import L2_KV_BYTES, block_tiles, section_heads, work_tile
+    from flashref.gpu.work_tiles import L2_KV_BYTES, block_tiles, section_heads, work_tile
 
     shapes = [(1024, 512, 128), (1024, 512, 64), (4096, 128, 128), (16384, 32, 64), (1000, 7, 64),
               (17, 3, 128)]  # fmt: skip
@@ -235,7 +236,7 @@ def test_model_follows_the_v27_kernel():
     assert "mbar_wait(qbar, n & 1);" in text and "mbar_wait(q_empty, (n - 1) & 1);" in text
     assert "bh = h0 + ((level & 1) ? Gs - 1 - r : r);" in text
     assert "q_block = Tr - 1 - level;" in text and "const int j = item - h0 * Tr;" in text
-    assert f"#define L2_KV_BYTES ({pp.L2_KV_BYTES >> 20}ll << 20)" in text
+    assert f"#define L2_KV_BYTES ({wt.L2_KV_BYTES >> 20}ll << 20)" in text
     assert "L2_KV_BYTES / ((long long)Nk * D * 4)" in text
     consumer_code = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
     assert consumer_code.count("turn_begin(cw);") == 4
@@ -283,10 +284,10 @@ def test_bad_work_tiles_are_refused_before_any_step():
     with pytest.raises(ValueError, match=r"stages must be >= 1, got 0"):
         pp.run_blocks([(2, (2, 2))], 0)
     with pytest.raises(ValueError, match=r"item must be in 0\.\.5, got 6"):
-        pp.work_tile(6, 2, 3, True)
+        wt.work_tile(6, 2, 3, True)
     with pytest.raises(ValueError, match=r"grid must be in 1\.\.6, got 7"):
-        pp.block_tiles(0, 7, 200, 200, 3, False)
+        wt.block_tiles(0, 7, 200, 200, 3, False)
     with pytest.raises(ValueError, match=r"G must be in 1\.\.3, got 4"):
-        pp.work_tile(0, 2, 3, True, 4)
+        wt.work_tile(0, 2, 3, True, 4)
     with pytest.raises(ValueError, match=r"d must be >= 1, got 0"):
-        pp.section_heads(100, 0, 3)
+        wt.section_heads(100, 0, 3)

@@ -26,7 +26,8 @@
 //     section's K/V stays in L2 while its levels run, and is read from DRAM about once. The
 //     whole list is longest first whenever B x H heads fit in one section; otherwise each
 //     section is, and a section holds G x Tr work tiles, so every block still takes tiles of
-//     nearly every length in each (tests/test_pingpong_model.py bounds the spread);
+//     nearly every length in each (flashref.gpu.work_tiles mirrors the order; its test bounds
+//     the spread);
 //   * the producer never stops between work tiles: the K/V tiles of all of a block's work tiles
 //     share one running count kv (stage kv % KV_STAGES, parity (kv / KV_STAGES) & 1, so a
 //     stage's use count runs over work tiles). Q has one buffer, filled per work tile (qbar,
