@@ -44,6 +44,9 @@ REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
 # the SM count alone every block of these small shapes would take one work tile.
 FEW_BLOCKS = 3
 PERSISTENT = [g for g in GROUPS if VERSIONS[g[0]].persistent]
+# and one case with more work tiles than SMs, ragged, whose causal order at d = 128 runs in two
+# sections of heads (flashref.gpu.work_tiles.section_heads(1100, 128, 64) = 55)
+SECTIONS = ((4, 16), 1000, 1100, True)
 
 
 def _shapes():
@@ -104,7 +107,7 @@ def _child(number: int, dtype: str, d: int) -> None:
     for few in (False, True) if ver.persistent else (False,):
         _launch.MAX_PERSISTENT_BLOCKS = FEW_BLOCKS if few else None
         tag = ["few_blocks"] if few else []
-        for lead, Nq, Nk, causal in CASES:
+        for lead, Nq, Nk, causal in CASES + ([SECTIONS] if ver.persistent else []):
             res = _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal)
             print(json.dumps({"case": [*tag, list(lead), Nq, Nk, causal], **res}), flush=True)
         lead, Nq, Nk, causal = REPEAT
@@ -239,6 +242,28 @@ def test_sm90a_persistent_few_blocks(hopper, number, dtype, d, lead, Nq, Nk, cau
     rep = _result(hopper, number, dtype, d, json.dumps("repeat_few_blocks"))
     assert rep["O_bits_differ"] == 0 and rep["lse_same"], (
         f"v{number} {FEW_BLOCKS} blocks {REPEAT}: {rep}"
+    )
+
+
+@pytest.mark.parametrize("few", [False, True], ids=["all_sms", "few_blocks"])
+@pytest.mark.parametrize(
+    "number,dtype,d", PERSISTENT, ids=[f"v{n}-{dt}-d{d}" for n, dt, d in PERSISTENT]
+)
+def test_sm90a_persistent_sections(hopper, number, dtype, d, few):
+    """More work tiles than SMs (several per block on every SM), causal in sections of heads."""
+    lead, Nq, Nk, causal = SECTIONS
+    r = _result(hopper, number, dtype, d, json.dumps([*(["few_blocks"] if few else []),
+                                                      list(lead), Nq, Nk, causal]))  # fmt: skip
+    what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} "
+            f"({'at most ' + str(FEW_BLOCKS) if few else 'one per SM,'} blocks)")  # fmt: skip
+    assert r["O_nan"] == 0, f"{what}: {r['O_nan']} elements of O are NaN, e.g. {r['worst']}"
+    assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
+    assert r["err"] <= r["tol"], (
+        f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "
+        f"{r['naive_err']:.3e}); largest error at {r['worst']}"
+    )
+    assert r["lse_err"] <= r["lse_tol"], (
+        f"{what}: lse rel err {r['lse_err']:.3e} > {r['lse_tol']:.1e} at {r['lse_worst']}"
     )
 
 
