@@ -7,6 +7,7 @@ import fail, and a missing GPU by a CuPy whose device query raises.
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 import types
@@ -373,3 +374,41 @@ def test_kernel_diff_shows_only_what_a_version_changed():
     assert any("c0 > q0 + wrow0" in line for line in changed)  # the change itself
     assert len(changed) <= 6  # the re-indented block in between is not a change
     assert "LDS (D + 8)" in kernel_diff(3, 4)
+
+
+def test_persistent_version_registry_and_grid():
+    """Version 27: versions 23 / 26's tiles (Bc = 128, three stages at both head dims), launched
+    on min(work tiles, SMs) blocks; every other version on one block per work tile."""
+    from flashref.gpu.versions import base_of
+
+    ver = fg.VERSIONS[27]
+    assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(27) == 26
+    assert ver.threads == 3 * 128 and ver.Br == 128 and ver.head_dims == (64, 128)
+    assert (ver.Bc(64), ver.Bc(128), ver.stages(64), ver.stages(128)) == (128, 128, 3, 3)
+    assert (
+        ver.smem_bytes(128) == fg.VERSIONS[26].smem_bytes(128) == 2 * (128 + 6 * 128) * 128 + 1024
+    )
+    assert ver.smem_bytes(128) + 80 <= 227 * 1024  # + Q, q_empty and 2 x 3 stage barriers
+    assert not any(v.persistent for n, v in fg.VERSIONS.items() if n != 27)
+    assert ver.grid(1024, 512, 132) == (132, 1)  # 8 x 512 work tiles on 132 SMs
+    assert ver.grid(1, 3, 132) == (3, 1)  # fewer work tiles than SMs: one block each
+    assert ver.grid(129, 1, 132) == (2, 1)
+    assert fg.VERSIONS[26].grid(1000, 6, 132) == (8, 6)
+    for bad, match in [((0, 3, 132), "Nq must be an int >= 1, got 0"),
+                       ((5, 3, 0), "sm_count must be an int >= 1, got 0"),
+                       ((5, 3.0, 132), "BH must be an int >= 1, got 3.0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(match)):
+            ver.grid(*bad)
+    text = ver.path.read_text()
+    assert "#define KV_STAGES 3" in text and "#define Bc 128" in text
+    assert "int BH)" in text  # the extra argument launch() passes to a persistent version
+
+
+def test_persistent_block_cap_from_the_environment():
+    from flashref.gpu.versions import max_persistent_blocks
+
+    assert max_persistent_blocks(None) is None and max_persistent_blocks("") is None
+    assert max_persistent_blocks("3") == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(ValueError, match="FLASHREF_MAX_PERSISTENT_BLOCKS must be an integer"):
+            max_persistent_blocks(bad)

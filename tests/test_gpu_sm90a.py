@@ -39,6 +39,14 @@ GROUPS = [(n, dt, d) for n in NUMBERS for dt in ("float16", "bfloat16") for d in
           if d in VERSIONS[n].head_dims]  # fmt: skip
 GROUP_IDS = [f"v{n}-{dt}-d{d}" for n, dt, d in GROUPS]
 REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
+# A persistent version (v27) runs every case a second time on at most FEW_BLOCKS blocks, so
+# that each block walks many work tiles (of several heads, causal ones of every length): with
+# the SM count alone every block of these small shapes would take one work tile.
+FEW_BLOCKS = 3
+PERSISTENT = [g for g in GROUPS if VERSIONS[g[0]].persistent]
+# and one case with more work tiles than SMs, ragged, whose causal order at d = 128 runs in two
+# sections of heads (flashref.gpu.work_tiles.section_heads(1100, 128, 64) = 55)
+SECTIONS = ((4, 16), 1000, 1100, True)
 
 
 def _shapes():
@@ -93,17 +101,24 @@ def _child(number: int, dtype: str, d: int) -> None:
     cp = _require_gpu()
     if dtype == "bfloat16":
         import ml_dtypes  # noqa: F401
+    from flashref.gpu import _launch
+
     ver = VERSIONS[number]
-    for lead, Nq, Nk, causal in CASES:
-        res = _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal)
-        print(json.dumps({"case": [list(lead), Nq, Nk, causal], **res}), flush=True)
-    lead, Nq, Nk, causal = REPEAT
-    q, k, v, _, _ = base._case(dtype, lead, Nq, Nk, d, causal)
-    (O1, lse1), (O2, lse2) = (base._run(cp, ver, q, k, v, causal) for _ in range(2))
-    O1, O2 = cp.asnumpy(O1), cp.asnumpy(O2)
-    same_lse = cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
-    differ = int((O1.view(np.uint16) != O2.view(np.uint16)).sum())
-    print(json.dumps({"case": "repeat", "O_bits_differ": differ, "lse_same": same_lse}), flush=True)
+    for few in (False, True) if ver.persistent else (False,):
+        _launch.MAX_PERSISTENT_BLOCKS = FEW_BLOCKS if few else None
+        tag = ["few_blocks"] if few else []
+        for lead, Nq, Nk, causal in CASES + ([SECTIONS] if ver.persistent else []):
+            res = _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal)
+            print(json.dumps({"case": [*tag, list(lead), Nq, Nk, causal], **res}), flush=True)
+        lead, Nq, Nk, causal = REPEAT
+        q, k, v, _, _ = base._case(dtype, lead, Nq, Nk, d, causal)
+        (O1, lse1), (O2, lse2) = (base._run(cp, ver, q, k, v, causal) for _ in range(2))
+        O1, O2 = cp.asnumpy(O1), cp.asnumpy(O2)
+        same_lse = cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
+        differ = int((O1.view(np.uint16) != O2.view(np.uint16)).sum())
+        print(json.dumps({"case": "_".join(["repeat", *tag]), "O_bits_differ": differ,
+                          "lse_same": same_lse}), flush=True)  # fmt: skip
+    _launch.MAX_PERSISTENT_BLOCKS = None
     print(json.dumps({"case": "api", **_check_api(cp, number, dtype, d)}), flush=True)
 
 
@@ -150,16 +165,15 @@ def hopper(request) -> frozenset:
 def _run_child(number: int, dtype: str, d: int) -> tuple[dict, str]:
     """{case key: result} of one child process, and what went wrong with it ('' if nothing)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), str(number), dtype, str(d)]
+    timeout = TIMEOUT_S * (2 if VERSIONS[number].persistent else 1)  # its cases run twice
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE.parent
-        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
         out, err, trouble = proc.stdout, proc.stderr, "" if proc.returncode == 0 else (
             f"child exited with {proc.returncode}")  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        trouble = f"child timed out after {TIMEOUT_S} s (a hang: an mbarrier never completed?)"
+        trouble = f"child timed out after {timeout} s (a hang: an mbarrier never completed?)"
     results = {}
     for line in out.splitlines():
         if line.startswith("{"):
@@ -196,6 +210,53 @@ def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
     assert r["O_nan"] == 0, (
         f"{what}: {r['O_nan']} elements of O are NaN (unwritten?), e.g. {r['worst']}"
     )
+    assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
+    assert r["err"] <= r["tol"], (
+        f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "
+        f"{r['naive_err']:.3e}); largest error at {r['worst']}"
+    )
+    assert r["lse_err"] <= r["lse_tol"], (
+        f"{what}: lse rel err {r['lse_err']:.3e} > {r['lse_tol']:.1e} at {r['lse_worst']}"
+    )
+
+
+@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
+                                                          for c in CASES])  # fmt: skip
+@pytest.mark.parametrize("number,dtype,d", PERSISTENT,
+                         ids=[f"v{n}-{dt}-d{d}" for n, dt, d in PERSISTENT])  # fmt: skip
+def test_sm90a_persistent_few_blocks(hopper, number, dtype, d, lead, Nq, Nk, causal):
+    """The same case on at most FEW_BLOCKS blocks: each walks many work tiles."""
+    r = _result(hopper, number, dtype, d, json.dumps(["few_blocks", list(lead), Nq, Nk, causal]))
+    Tr = -(-Nq // VERSIONS[number].Br)
+    what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} on "
+            f"{FEW_BLOCKS} blocks ({Tr * int(np.prod(lead))} work tiles)")  # fmt: skip
+    assert r["O_nan"] == 0, f"{what}: {r['O_nan']} elements of O are NaN, e.g. {r['worst']}"
+    assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
+    assert r["err"] <= r["tol"], (
+        f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "
+        f"{r['naive_err']:.3e}); largest error at {r['worst']}"
+    )
+    assert r["lse_err"] <= r["lse_tol"], (
+        f"{what}: lse rel err {r['lse_err']:.3e} > {r['lse_tol']:.1e} at {r['lse_worst']}"
+    )
+    rep = _result(hopper, number, dtype, d, json.dumps("repeat_few_blocks"))
+    assert rep["O_bits_differ"] == 0 and rep["lse_same"], (
+        f"v{number} {FEW_BLOCKS} blocks {REPEAT}: {rep}"
+    )
+
+
+@pytest.mark.parametrize("few", [False, True], ids=["all_sms", "few_blocks"])
+@pytest.mark.parametrize(
+    "number,dtype,d", PERSISTENT, ids=[f"v{n}-{dt}-d{d}" for n, dt, d in PERSISTENT]
+)
+def test_sm90a_persistent_sections(hopper, number, dtype, d, few):
+    """More work tiles than SMs (several per block on every SM), causal in sections of heads."""
+    lead, Nq, Nk, causal = SECTIONS
+    r = _result(hopper, number, dtype, d, json.dumps([*(["few_blocks"] if few else []),
+                                                      list(lead), Nq, Nk, causal]))  # fmt: skip
+    what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} "
+            f"({'at most ' + str(FEW_BLOCKS) if few else 'one per SM,'} blocks)")  # fmt: skip
+    assert r["O_nan"] == 0, f"{what}: {r['O_nan']} elements of O are NaN, e.g. {r['worst']}"
     assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
     assert r["err"] <= r["tol"], (
         f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "

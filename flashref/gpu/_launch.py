@@ -16,13 +16,30 @@ import os
 import cupy as cp
 import numpy as np
 
+from .versions import max_persistent_blocks
+
 # CuPy adds -arch=sm_XY for the current device. FLASHREF_NVRTC_FLAGS adds more, for example
 # -lineinfo, which lets Nsight Compute's source view map SASS back to .cu lines.
 NVRTC_OPTIONS = ("--std=c++17", *os.environ.get("FLASHREF_NVRTC_FLAGS", "").split())
 MAX_GRID_Y = 65535  # blockIdx.y runs over batch*heads
 DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 
+
+# A persistent version's grid is min(work tiles, SMs); a smaller cap here makes each block walk
+# many work tiles even at small shapes (the GPU tests set it, the sanitizer runs through the
+# environment variable; None: the SM count alone).
+MAX_PERSISTENT_BLOCKS = max_persistent_blocks(os.environ.get("FLASHREF_MAX_PERSISTENT_BLOCKS"))
+
 _functions: dict[tuple[int, int, str, int], cp.RawKernel] = {}
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count() -> int:
+    """The current device's number of SMs (asked once per device)."""
+    dev = cp.cuda.Device()
+    if dev.id not in _sm_counts:
+        _sm_counts[dev.id] = int(dev.attributes["MultiProcessorCount"])
+    return _sm_counts[dev.id]
 
 
 def get_function(ver, d: int, dtype: str | None = None):
@@ -102,15 +119,18 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     lse2 = lse.reshape(BH, Nq)
     fn = get_function(ver, d, str(q.dtype))
     smem = ver.smem_bytes(d)
-    Tr = (Nq + ver.Br - 1) // ver.Br
+    sms = _sm_count() if ver.persistent else 1  # a persistent grid's cap (others: unused)
+    if MAX_PERSISTENT_BLOCKS is not None:
+        sms = min(sms, MAX_PERSISTENT_BLOCKS)
     for b0 in range(0, BH, MAX_GRID_Y):
         b1 = min(BH, b0 + MAX_GRID_Y)
         maps = _tma_args(ver, q3[b0:b1], k3[b0:b1], v3[b0:b1], d) if ver.tma else ()
+        heads = (np.int32(b1 - b0),) if ver.persistent else ()  # the work tiles' B*H
         fn(
-            (Tr, b1 - b0),
+            ver.grid(Nq, b1 - b0, sms),
             (ver.threads,),
             (q3[b0:b1], k3[b0:b1], v3[b0:b1], O3[b0:b1], lse2[b0:b1],
-             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps),
+             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps, *heads),
             shared_mem=smem,
         )  # fmt: skip
 

@@ -17,6 +17,14 @@ product), ``("arrive", b)`` (bar.arrive on warpgroup b's barrier: the turn hande
 ``run(n_tiles, n_mine, stages, program)``: both warpgroups and the producer in steps until
 all finish; returns the events in order. Each step, every warpgroup that can go on does one
 operation, so a step is a place in the order of events, not a length of time.
+
+Version 27 (``flashref/kernels/v27_persistent.cu``) runs the same turns over a list of work
+tiles per block, without stopping between them: ``block_consumer(cw, tiles)`` is its consumer
+code for ``tiles``, a list of ``(n_tiles, (n_mine of warpgroup 0, of 1))``; K/V tiles are
+numbered by the block's running count, and two operations guard the one Q buffer:
+``("wait_q", n)`` (Q of work tile n has landed) and ``("free_q", n)`` (this warpgroup's last
+S of work tile n is done; the producer waits for both before loading the next Q).
+``run_blocks(tiles, stages)`` runs both warpgroups and that producer.
 """
 
 from __future__ import annotations
@@ -99,26 +107,50 @@ def run(
     """Runs both warpgroups and the producer until all finish; returns the events in order.
     Raises ScheduleError on a deadlock or a barrier left with arrivals pending at exit."""
     n_tiles = _int(n_tiles, "n_tiles", 1)
-    if not isinstance(n_mine, tuple) or len(n_mine) != 2:
-        raise ValueError(f"n_mine must be a pair (tiles of warpgroup 0, of 1), got {n_mine!r}")
-    n_mine = tuple(_int(n, f"n_mine[{cw}]", 1, n_tiles) for cw, n in enumerate(n_mine))
+    n_mine = _split(n_mine, n_tiles, "n_mine")
     stages = _int(stages, "stages", 1)
     progs = [iter(program(cw, n_tiles, n_mine[cw])) for cw in (0, 1)]
+    return _schedule(progs, [("load", j) for j in range(n_tiles)], stages, f"n_tiles {n_tiles}, "
+                     f"n_mine {n_mine}")  # fmt: skip
+
+
+def _split(n_mine, n_tiles: int, name: str) -> tuple[int, int]:
+    if not isinstance(n_mine, tuple) or len(n_mine) != 2:
+        raise ValueError(f"{name} must be a pair (tiles of warpgroup 0, of 1), got {n_mine!r}")
+    return tuple(_int(n, f"{name}[{cw}]", 1, n_tiles) for cw, n in enumerate(n_mine))
+
+
+def _schedule(progs: list, loads: list[tuple], stages: int, what: str) -> list[Event]:
+    """Both consumer programs beside a producer issuing ``loads`` in order: ("load", j) once
+    K/V tile j - stages is released by both warpgroups, ("load_q", n) once both have freed
+    Q of work tile n - 1."""
     pending = [next(p, None) for p in progs]
     count = [0, 0]  # warpgroups arrived at named barrier b in its current generation
     members: list[set] = [set(), set()]  # which ones
     gen = [0, 0]  # completed generations of barrier b
     waiting = [None, None]  # (barrier, generation) a warpgroup's bar.sync waits to complete
-    released = [set(), set()]  # tiles each warpgroup has released
-    filled = 0  # tiles the producer has loaded (it waits until tile - stages is released)
+    released = [set(), set()]  # K/V tiles each warpgroup has released
+    freed = [set(), set()]  # work tiles whose Q each warpgroup has freed
+    filled, q_loaded, done = 0, 0, 0  # K/V tiles and Qs loaded, producer operations done
+    n_kv = sum(op[0] == "load" for op in loads)
+    n_q = len(loads) - n_kv
+
+    def can_load(op) -> bool:
+        if op[0] == "load_q":
+            return op[1] == 0 or all(op[1] - 1 in f for f in freed)
+        return op[1] < stages or all(op[1] - stages in r for r in released)
+
     events: list[Event] = []
     step = 0
-    while any(op is not None for op in pending):
+    while any(op is not None for op in pending) or done < len(loads):
         moved = False
-        while filled < n_tiles and all(filled - stages in r for r in released if filled >= stages):
-            events.append(Event(step, "producer", ("load", filled)))
-            filled += 1
-            moved = True
+        while done < len(loads) and can_load(loads[done]):
+            events.append(Event(step, "producer", loads[done]))
+            if loads[done][0] == "load":
+                filled += 1
+            else:
+                q_loaded += 1
+            done, moved = done + 1, True
         for cw in (0, 1):
             op = pending[cw]
             if op is None:
@@ -130,6 +162,9 @@ def run(
                 waiting[cw] = None  # the turn begins
             elif op[0] == "wait_full":
                 if op[1] >= filled:
+                    continue
+            elif op[0] == "wait_q":
+                if op[1] >= q_loaded:
                     continue
             elif op[0] in TURN_OPS:
                 b = op[1]
@@ -146,19 +181,103 @@ def run(
                     continue  # the warpgroup passes when the generation completes
             elif op[0] == "release":
                 released[cw].add(op[1])
+            elif op[0] == "free_q":
+                if op[1] in freed[cw]:
+                    raise ScheduleError(f"warpgroup {cw} freed Q of work tile {op[1]} twice")
+                freed[cw].add(op[1])
             events.append(Event(step, cw, op))
             pending[cw] = next(progs[cw], None)
             moved = True
         if not moved:
-            raise ScheduleError(
-                f"deadlock: n_tiles {n_tiles}, n_mine {n_mine}, waiting at {pending}"
-            )
+            raise ScheduleError(f"deadlock: {what}, waiting at {pending}")
         step += 1
     if count != [0, 0]:
         raise ScheduleError(f"arrivals left pending at exit: {count}")
-    if filled != n_tiles or any(r != set(range(n_tiles)) for r in released):
-        raise ScheduleError(f"tiles loaded {filled} of {n_tiles}, released {released}")
+    if filled != n_kv or any(r != set(range(n_kv)) for r in released):
+        raise ScheduleError(f"tiles loaded {filled} of {n_kv}, released {released}")
+    if n_q and any(f != set(range(n_q)) for f in freed):
+        raise ScheduleError(f"Q of {n_q} work tiles, freed {freed}")
     return events
+
+
+WorkTiles = list[tuple[int, tuple[int, int]]]  # (n_tiles, (n_mine of warpgroup 0, of 1)) each
+
+
+def _work_tiles(tiles) -> WorkTiles:
+    if not isinstance(tiles, list) or not tiles:
+        raise ValueError(f"tiles must be a non-empty list of (n_tiles, (n0, n1)), got {tiles!r}")
+    out = []
+    for i, item in enumerate(tiles):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise ValueError(f"tiles[{i}] must be (n_tiles, (n0, n1)), got {item!r}")
+        n_tiles = _int(item[0], f"tiles[{i}] n_tiles", 1)
+        out.append((n_tiles, _split(item[1], n_tiles, f"tiles[{i}] n_mine")))
+    return out
+
+
+def block_consumer(cw: int, tiles: WorkTiles) -> Iterator[tuple]:
+    """Version 27's consumer warpgroup cw over a block's work tiles, in the kernel's order."""
+    cw = _int(cw, "cw", 0, 1)
+    return _block_consumer(cw, _work_tiles(tiles))
+
+
+def _block_consumer(cw: int, tiles: WorkTiles) -> Iterator[tuple]:
+    if cw == 1:
+        yield ("arrive", 0)
+    kv = 0  # the block's running count of K/V tiles
+    for n, (n_tiles, split) in enumerate(tiles):
+        n_mine, n_turns, more = split[cw], n_tiles + 1, n + 1 < len(tiles)
+
+        def turn_end(turn, more=more, n_turns=n_turns):
+            if cw == 0 or more or turn + 1 < n_turns:
+                yield ("arrive", 1 - cw)
+
+        yield ("wait_q", n)
+        yield ("wait_full", kv)
+        yield ("sync", cw)  # turn 0: S_0 alone
+        yield ("gemm", kv, None)
+        yield from turn_end(0)
+        if n_mine == 1:
+            yield ("free_q", n)
+        yield ("softmax", kv)
+        for it in range(1, n_mine):
+            yield ("wait_full", kv + it)
+            yield ("sync", cw)
+            yield ("gemm", kv + it, kv + it - 1)
+            yield from turn_end(it)
+            if it + 1 == n_mine:
+                yield ("free_q", n)
+            yield ("softmax", kv + it)
+            yield ("release", kv + it - 1)
+        yield ("sync", cw)  # turn n_mine: the last O += P V alone
+        yield ("gemm", None, kv + n_mine - 1)
+        yield from turn_end(n_mine)
+        yield ("release", kv + n_mine - 1)
+        for it in range(n_mine, n_tiles):  # empty turns
+            yield ("wait_full", kv + it)
+            yield ("sync", cw)
+            yield from turn_end(it + 1)
+            yield ("release", kv + it)
+        kv += n_tiles
+
+
+def run_blocks(
+    tiles: WorkTiles,
+    stages: int,
+    program: Callable[[int, WorkTiles], Iterable[tuple]] = block_consumer,
+) -> list[Event]:
+    """Version 27's block over ``tiles``: both warpgroups and the producer (per work tile: wait
+    for both warpgroups' free_q of the one before, load Q, then its K/V tiles into the ring)
+    until all finish. Raises ScheduleError on a deadlock or a barrier out of balance at exit."""
+    tiles = _work_tiles(tiles)
+    stages = _int(stages, "stages", 1)
+    loads, kv = [], 0
+    for n, (n_tiles, _) in enumerate(tiles):
+        loads.append(("load_q", n))
+        loads += [("load", kv + j) for j in range(n_tiles)]
+        kv += n_tiles
+    progs = [iter(program(cw, tiles)) for cw in (0, 1)]
+    return _schedule(progs, loads, stages, f"work tiles {tiles}")
 
 
 def turns(events: list[Event]) -> list[int]:

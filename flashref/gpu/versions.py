@@ -49,6 +49,7 @@ class Version:
     padded: bool = True  # shared-memory rows of d + 8 halves
     arch: str | None = None  # an architecture-specific target ("sm_90a"): that GPU only
     tma: bool = False  # takes the TMA descriptors of Q, K, V after the common arguments
+    persistent: bool = False  # a block per SM walks the work tiles; takes B*H after the maps
 
     @property
     def dtype(self) -> str:
@@ -81,6 +82,18 @@ class Version:
         row = d + 8 if self.padded else d  # halves per shared-memory row
         return 2 * (self.Br + 2 * self.kv_buffers * self.Bc(d)) * row
 
+    def grid(self, Nq: int, BH: int, sm_count: int) -> tuple[int, int]:
+        """The launch grid for ``BH`` heads of ``Nq`` queries: (Tr, BH) blocks, one per work
+        tile (a query block of one head); a persistent version's min(Tr * BH, sm_count) blocks,
+        each walking the tiles blockIdx.x, + gridDim.x, ... (never a block without one)."""
+        for name, value in (("Nq", Nq), ("BH", BH), ("sm_count", sm_count)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        Tr = -(-Nq // self.Br)
+        if not self.persistent:
+            return (Tr, BH)
+        return (min(Tr * BH, sm_count), 1)
+
     def source(self) -> str:
         """The .cu text with its includes pasted in (``paste_includes``)."""
         return paste_includes(self.path)
@@ -95,6 +108,16 @@ class Version:
     def runs_on(self, cc: tuple[int, int]) -> bool:
         """Whether a GPU of compute capability ``cc`` (major, minor) has its instructions."""
         return cc == self.min_cc if self.arch else cc >= self.min_cc
+
+
+def max_persistent_blocks(text: str | None) -> int | None:
+    """The environment variable FLASHREF_MAX_PERSISTENT_BLOCKS read as a cap on a persistent
+    version's grid (so that each block walks many work tiles); None where it is unset or empty."""
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"FLASHREF_MAX_PERSISTENT_BLOCKS must be an integer >= 1, got {text!r}")
+    return int(text)
 
 
 _FP32 = ("float32",)
@@ -188,6 +211,11 @@ VERSIONS: dict[int, Version] = {
                 "v23 with three K/V stages of 128 x 128 tiles at d = 128 (225 KB of shared memory)",
                 "v26_pingpong_3stages.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
                 kv_buffers=3, arch="sm_90a", tma=True),
+        Version(27, "persistent", _TC, _TC_DIMS,
+                "v23 (d = 64) / v26 (d = 128) made persistent: min(tiles, SMs) blocks walk the "
+                "(q block, head) tiles, the producer running on into the next tile",
+                "v27_persistent.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
+                kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
     )
 }  # fmt: skip
 
