@@ -48,11 +48,15 @@ from .._checks import check_block, check_shapes, group_size
 from .decode_checks import (
     HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
     MAX_NQ,  # noqa: F401
+    SM90A_VERSIONS,
+    TILE_KEYS,
     check_arrays,
     check_block_table,
     check_common,
+    check_device,
     check_kind,
     check_lengths,
+    check_page_size,
 )
 from .versions import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
@@ -66,10 +70,8 @@ VERSIONS = {
     5: ("decode_split_kv_v5.cu", "decode_split_kv_v5", None),  # TMA tiles, v4's merge
 }
 MERGE_IN_REGISTERS = (3, 4, 5)  # versions whose merge holds a row's lse in registers
-SM90A_VERSIONS = (5,)  # built for sm_90a: compute capability 9.0 exactly
-TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
 DEFAULT_VERSION = 3
-BC = 64  # keys per tile (16 per warp, 4 warps)
+BC = TILE_KEYS  # 64 keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block (version 1)
 BK = 16  # keys per warp sub-tile (version 2)
 STAGES_W = {128: 3, 64: 5}  # version 2: sub-tiles per warp ring, by head dim
@@ -104,33 +106,6 @@ def check_splits(num_splits, version: int):
             f"{MAX_SPLITS} splits"
         )
     return num_splits
-
-
-def check_device(cc: tuple[int, int], version: int, name: str = "this GPU") -> None:
-    """Version 5 needs an sm_90a GPU (compute capability 9.0 exactly): a clear error, not an
-    NVRTC failure."""
-    if version in SM90A_VERSIONS and tuple(cc) != (9, 0):
-        raise RuntimeError(
-            f"decode version {version} is built for sm_90a (TMA) and needs compute capability "
-            f"9.0 exactly; {name} has compute capability {cc[0]}.{cc[1]}"
-        )
-
-
-def check_page_size(page_size: int, rows: int, version: int, what: str) -> None:
-    """Version 5 loads 64-key tiles from one page: page_size a multiple of BC; and its
-    row index (``rows`` K/V rows in the pool) must fit an int32."""
-    if version not in SM90A_VERSIONS:
-        return
-    if page_size % BC:
-        raise ValueError(
-            f"page_size is {page_size}; decode version {version} reads whole {BC}-key tiles "
-            f"from one page, so page_size must be a multiple of {BC} (versions 1 to 4 take any)"
-        )
-    if rows >= TMA_ROWS:
-        raise ValueError(
-            f"{what} holds {rows} K/V rows; decode version {version} addresses at most "
-            f"{TMA_ROWS - 1}"
-        )
 
 
 def blocks_per_sm(version: int, d: int, row_tiles: int) -> int:
