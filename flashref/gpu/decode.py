@@ -19,7 +19,7 @@ The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key ti
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch.
 
-Four kernel versions compute the same thing (``version=``, default 1): version 1
+Five kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
 barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
 sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
