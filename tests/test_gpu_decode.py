@@ -302,7 +302,8 @@ def test_cache_convenience_and_host_tables(cp, version):
     """A PagedKVCache with its pools on the GPU; the block table straight from block_table()."""
     from flashref.gpu import cache_decode_attention
 
-    cache, seqs, _, _, _, _ = _paged_case("float16", 32, 2, 64, [70, 5, 0], 0)
+    ps = BC if version in SM90A_VERSIONS else 32  # version 5 takes multiples of 64
+    cache, seqs, _, _, _, _ = _paged_case("float16", ps, 2, 64, [70, 5, 0], 0)
     q = _rng("conv").standard_normal((3, 4, 2, 64)).astype(np.float16)
     ref, ref_lse = paged_attention(q.astype(np.float64), cache, seqs, return_lse=True)
     gpu = copy.copy(cache)  # the same tables, the pools on the GPU
@@ -355,7 +356,7 @@ def test_counters_are_zero_after_every_call(cp, version):
         (2, 8, 2, 3, [1000, 333], 1, False),  # one split: no counter touched
         (2, 8, 2, 3, [1000, 333], None, True),
     ]:
-        Nk = 1000
+        Nk = 1024  # the paged calls' page_size: a multiple of 64, as version 5 needs
         q, k, v = _inputs("bfloat16", B, Hq, Hkv, Nq, Nk, 128, "counters")
         allowed = _allowed(lengths, Nq, Nk, False)
         ref, ref_lse = _reference(q, k, v, allowed)

@@ -34,15 +34,19 @@
 //   (flashref.gpu.decode names page_size). The contiguous cache is B pages of Nk slots, where
 //   a tile never crosses a page either.
 //
-//   Bytes of K and V in flight per SM (computed from the ring, not measured), 2 blocks per SM:
-//     d = 128, STAGES = 3: a tile of K and V is 32 KiB; while the consumers compute one
-//                          stage, 2 are in flight: 128 KiB per SM (version 2's), and all 3
-//                          (192 KiB) while they wait;
-//     d = 64,  STAGES = 6: 16 KiB a tile; 5 in flight while computing: 160 KiB per SM
-//                          (version 2: 128 KiB), 6 (192 KiB) while waiting.
+//   Bytes of K and V in flight per SM (computed from the ring, not measured):
+//     d = 128, 16 rows, STAGES = 3, 2 blocks: a tile of K and V is 32 KiB; while the consumers
+//                          compute one stage, 2 are in flight: 128 KiB per SM (version 2's),
+//                          and all 3 (192 KiB) while they wait;
+//     d = 128, 32 rows, STAGES = 6, 1 block: 5 in flight while computing, 160 KiB per SM. Two
+//                          blocks of 160 threads would cap ptxas at 168 registers per thread
+//                          and this tiling (o alone is 128 floats) spills there; one block
+//                          may use 255, and its ring is made deeper to keep the bytes in flight;
+//     d = 64,  STAGES = 6, 2 blocks: 16 KiB a tile; 5 in flight while computing: 160 KiB per
+//                          SM (version 2: 128 KiB), 6 (192 KiB) while waiting.
 //   Shared memory per block: the ring, Q (ROWS, D + 8) and 2 STAGES mbarriers, and 1 KiB to
-//   align the ring to the 1024 bytes the swizzle needs: two blocks fit on an SM at both head
-//   dims and both row tilings, so BLOCKS_PER_SM and the split rule are version 4's.
+//   align the ring to the 1024 bytes the swizzle needs. flashref.gpu.decode's STAGES_V5 and
+//   BLOCKS_V5 are these (a compile test checks it); its split rule counts BLOCKS blocks per SM.
 //   Speed: not measured yet; python -m flashref.bench decode --versions 3 4 5 lists it.
 //
 // sm_90a only (TMA and mbarrier tx counts): flashref.gpu.decode refuses version 5 on another
