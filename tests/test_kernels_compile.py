@@ -89,7 +89,8 @@ def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp
     src = tmp_path / file
     src.write_text(decode.source(version))
     out = tmp_path / f"decode_v{version}_d{d}_r{row_tiles}_{dtype}.cubin"
-    cmd = ["nvcc", "-arch=sm_90", "-cubin", "--resource-usage"]
+    arch = SM90A if version in decode.SM90A_VERSIONS else ["-arch=sm_90"]  # v5: TMA, sm_90a
+    cmd = ["nvcc", *arch, "-cubin", "--resource-usage"]
     cmd += [*decode.defines(d, row_tiles, dtype), "-o", str(out), str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
@@ -104,7 +105,27 @@ def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp
               f"stack {stack.group(1)} B, spill stores {spills.group(1)} B, "
               f"spill loads {spills.group(2)} B")  # fmt: skip
         assert spills.group(1) == spills.group(2) == stack.group(1) == "0", report
-    assert decode.smem_bytes(d, row_tiles, version) * decode.BLOCKS_PER_SM <= 228 * 1024 - 2 * 1024
+    blocks = decode.blocks_per_sm(version, d, row_tiles)  # what the split rule counts on
+    assert decode.smem_bytes(d, row_tiles, version) * blocks <= 228 * 1024 - blocks * 1024
+
+
+@pytest.mark.parametrize("d,row_tiles", [(64, 1), (64, 2), (128, 1), (128, 2)])
+def test_decode_v5_ring_is_the_plans(d, row_tiles, tmp_path):
+    """Version 5's STAGES and BLOCKS (the kernel file's, after the preprocessor) are
+    flashref.gpu.decode's STAGES_V5 and BLOCKS_V5, which its shared memory and split rule use."""
+    from flashref.gpu import decode
+
+    probe = tmp_path / "probe.cu"
+    probe.write_text(
+        '#include "decode_split_kv_v5.cu"\nint stages_probe = STAGES, blocks_probe = BLOCKS;\n'
+    )
+    cmd = ["nvcc", *SM90A, "-E", f"-I{KERNEL_DIR}", *decode.defines(d, row_tiles, "float16")]
+    proc = subprocess.run([*cmd, str(probe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    got = re.search(r"int stages_probe = (\d+), blocks_probe = (\d+);", proc.stdout)
+    assert got, "probe line not found in the preprocessed text"
+    want = (decode.STAGES_V5[(d, row_tiles)], decode.BLOCKS_V5[(d, row_tiles)])
+    assert (int(got[1]), int(got[2])) == want, f"d={d} rows={16 * row_tiles}: {got.groups()}"
 
 
 @pytest.mark.parametrize("name", ["roof_hbm_read.cu"])

@@ -19,7 +19,7 @@ The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key ti
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch.
 
-Four kernel versions compute the same thing (``version=``, default 1): version 1
+Five kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
 barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
 sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
@@ -31,6 +31,10 @@ in one launch: the last split block of each row block to finish (a counter per r
 ``flashref.gpu.decode_counters``) merges the partials with version 3's merge, so there is no
 combine kernel (``None`` in ``VERSIONS``); and each warp asks for its next sub-tile before
 waiting for the current one, so its whole ring of copies is in flight while it waits.
+Version 5 (``decode_split_kv_v5.cu``, sm_90a only) is version 4 with the copies made by TMA:
+a producer warp loads whole 64-key tiles of K and V (boxes of 64 rows x 64 columns, 128-byte
+swizzle) into a ring of ``STAGES_V5`` stages that the 4 consumer warps read; a paged cache
+needs ``page_size`` a multiple of 64 there (a tile then lies in one page).
 """
 
 from __future__ import annotations
@@ -44,11 +48,15 @@ from .._checks import check_block, check_shapes, group_size
 from .decode_checks import (
     HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
     MAX_NQ,  # noqa: F401
+    SM90A_VERSIONS,
+    TILE_KEYS,
     check_arrays,
     check_block_table,
     check_common,
+    check_device,
     check_kind,
     check_lengths,
+    check_page_size,
 )
 from .versions import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
@@ -59,16 +67,22 @@ VERSIONS = {
     2: ("decode_split_kv_v2.cu", "decode_split_kv_v2", "decode_combine_v2"),
     3: ("decode_split_kv_v3.cu", "decode_split_kv_v2", "decode_combine_v3"),  # v2's split kernel
     4: ("decode_split_kv_v4.cu", "decode_split_kv_v4", None),  # v2's split, v3's merge, one launch
+    5: ("decode_split_kv_v5.cu", "decode_split_kv_v5", None),  # TMA tiles, v4's merge
 }
-MERGE_IN_REGISTERS = (3, 4)  # versions whose merge holds a row's lse in registers
+MERGE_IN_REGISTERS = (3, 4, 5)  # versions whose merge holds a row's lse in registers
 DEFAULT_VERSION = 3
-BC = 64  # keys per tile (16 per warp, 4 warps)
+BC = TILE_KEYS  # 64 keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block (version 1)
 BK = 16  # keys per warp sub-tile (version 2)
 STAGES_W = {128: 3, 64: 5}  # version 2: sub-tiles per warp ring, by head dim
 NWARPS = 4
 THREADS = 128
 BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
+# version 5: (d, row_tiles) -> ring stages of 64-key (K, V) tiles, and blocks per SM (the
+# kernel file's STAGES and BLOCKS: at d = 128 with 32 rows, 2 blocks would cap registers at 168)
+STAGES_V5 = {(64, 1): 6, (64, 2): 6, (128, 1): 3, (128, 2): 6}
+BLOCKS_V5 = {(64, 1): 2, (64, 2): 2, (128, 1): 2, (128, 2): 1}
+PRODUCER_WARPS_V5 = 1
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurement
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
@@ -94,6 +108,16 @@ def check_splits(num_splits, version: int):
     return num_splits
 
 
+def blocks_per_sm(version: int, d: int, row_tiles: int) -> int:
+    """Blocks of this version that fit on an SM (what the split rule counts on)."""
+    return BLOCKS_V5[(d, row_tiles)] if version in SM90A_VERSIONS else BLOCKS_PER_SM
+
+
+def threads(version: int) -> int:
+    """Threads per block: 4 warps, and version 5's producer warp."""
+    return THREADS + 32 * PRODUCER_WARPS_V5 if version in SM90A_VERSIONS else THREADS
+
+
 def source(version: int = DEFAULT_VERSION) -> str:
     """The kernel's text with its includes pasted in (as ``Version.source`` does), nested ones
     too: version 3's file includes version 2's, which includes ``mma_common.cuh``."""
@@ -110,6 +134,9 @@ def smem_bytes(d: int, row_tiles: int, version: int = DEFAULT_VERSION) -> int:
     keys (versions 2 to 4: one split kernel)."""
     if check_version(version) == 1:
         return 2 * (16 * row_tiles + STAGES * 2 * BC) * (d + 8)
+    if version in SM90A_VERSIONS:  # 1 KiB to align the ring, the ring, Q, 2 STAGES mbarriers
+        stages = STAGES_V5[(d, row_tiles)]
+        return 1024 + stages * 2 * BC * d * 2 + 2 * 16 * row_tiles * (d + 8) + 2 * stages * 8
     return 2 * (16 * row_tiles + NWARPS * STAGES_W[d] * 2 * BK) * (d + 8)
 
 
@@ -124,7 +151,8 @@ def row_tiles(G: int, Nq: int) -> tuple[int, int]:
     return tiles, -(-M // (16 * tiles))
 
 
-def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: int = 1) -> int:
+def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: int = 1,
+                      blocks_per_sm: int = BLOCKS_PER_SM) -> int:  # fmt: skip
     """How many chunks to cut the keys into, from the shape and the GPU's SM count.
 
     ``B * Hkv * row_blocks`` blocks exist without splitting; ``sm_count * BLOCKS_PER_SM`` run
@@ -132,11 +160,13 @@ def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: i
     gives ``waves = blocks * S / slots``; its efficiency is ``waves / ceil(waves)`` (the last
     wave's idle slots are waste). The smallest ``S`` within 5% of the best efficiency wins:
     fewer splits, less combine work, for the same occupancy. A batch that fills the GPU gets 1.
+    ``blocks_per_sm`` (default ``BLOCKS_PER_SM``): what the version's resources allow.
     """
     B, Hkv = check_block(B, "B"), check_block(Hkv, "Hkv")
     Nk, sm_count = check_block(Nk, "Nk", minimum=0), check_block(sm_count, "sm_count")
     row_blocks = check_block(row_blocks, "row_blocks")
-    blocks, slots = B * Hkv * row_blocks, sm_count * BLOCKS_PER_SM
+    blocks_per_sm = check_block(blocks_per_sm, "blocks_per_sm")
+    blocks, slots = B * Hkv * row_blocks, sm_count * blocks_per_sm
     tiles = -(-Nk // BC)
     top = max(1, min(MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
     eff = [(w := blocks * S / slots) / math.ceil(w) for S in range(1, top + 1)]
@@ -164,11 +194,12 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     G = group_size(Hq, Hkv, kv="k")
     tiles, blocks = row_tiles(G, Nq)
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks)
+        num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks,
+                                       blocks_per_sm=blocks_per_sm(version, d, tiles))  # fmt: skip
     check_splits(num_splits, version)
     grid = (num_splits, Hkv * blocks, B)
     smem = smem_bytes(d, tiles, version)
-    return DecodePlan(num_splits, tiles, blocks, grid, THREADS, smem, version)
+    return DecodePlan(num_splits, tiles, blocks, grid, threads(version), smem, version)
 
 
 def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan):
@@ -181,6 +212,7 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     from ._launch import _as_kernel_input
 
     B, Hq, Nq, d = q.shape
+    check_page_size(page_size, K.shape[0] * Hkv * page_size, plan.version, "K")
     dtype = str(q.dtype)
     q = _as_kernel_input(q, q.shape)
     K, V = _as_kernel_input(K, K.shape), _as_kernel_input(V, V.shape)
@@ -200,13 +232,19 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     args = (q, K, V, null if bt is None else bt, null if lengths is None else lengths, O, lse,
             O_part, lse_part, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size),
             np.int32(max_pages), np.float32(scale), np.int32(causal))  # fmt: skip
-    if combine_fn is None:  # version 4: the last split block of each row block merges
+    if combine_fn is None:  # versions 4, 5: the last split block of each row block merges
         from .decode_counters import counting
 
+        maps = ()
+        if plan.version in SM90A_VERSIONS:  # K and V as (rows, d), boxes of BC rows
+            from ._launch import tensor_map_of
+
+            maps = (tensor_map_of(K.reshape(-1, d), BC), tensor_map_of(V.reshape(-1, d), BC))
         with counting(cp, B * plan.grid[1]) as counters:  # one per (b, blockIdx.y)
-            split_fn(plan.grid, (THREADS,), (*args, counters), shared_mem=plan.smem_bytes)
+            split_fn(plan.grid, (plan.threads,), (*args, counters, *maps),
+                     shared_mem=plan.smem_bytes)  # fmt: skip
         return O, lse
-    split_fn(plan.grid, (THREADS,), args, shared_mem=plan.smem_bytes)
+    split_fn(plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
     if part:
         rows = B * Hq * Nq
         combine_fn(
@@ -224,7 +262,8 @@ def _functions(cp, d: int, tiles: int, dtype: str, smem: int, version: int):
         from ._launch import NVRTC_OPTIONS
 
         _, split_name, combine_name = VERSIONS[version]
-        opts = (*NVRTC_OPTIONS, *defines(d, tiles, dtype))
+        arch = ("-arch=sm_90a",) if version in SM90A_VERSIONS else ()
+        opts = (*NVRTC_OPTIONS, *arch, *defines(d, tiles, dtype))
         module = cp.RawModule(code=source(version), options=opts)
         split_fn = module.get_function(split_name)
         split_fn.max_dynamic_shared_size_bytes = smem
@@ -238,6 +277,10 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
     from . import _require_gpu, _to_cupy
 
     cp = _require_gpu()
+    dev = cp.cuda.Device()
+    cc = tuple(int(c) for c in divmod(int(dev.compute_capability), 10))
+    name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+    check_device(cc, version, f"this GPU ({name})")
     torch_in = type(q).__module__.split(".")[0] == "torch"
     q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
     B, Hq, Nq, d = q.shape
@@ -278,6 +321,7 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
     causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
     check_splits(num_splits, version)
     B, Nk = q.shape[0], k.shape[2]
+    check_page_size(BC, B * k.shape[1] * Nk, version, f"k {tuple(k.shape)}")  # B pages of Nk
     L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
     return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
                 causal=causal, scale=scale, num_splits=num_splits, lse=return_lse,
@@ -314,6 +358,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
     causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
     check_splits(num_splits, version)
     B = q.shape[0]
+    check_page_size(ps, P * Hkv * ps, version, f"k_pages {tuple(k_pages.shape)}")
     bt, L = check_block_table(block_table, lengths, B, P, ps)
     Nk_max = int(L.max()) if B else 0
     return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,

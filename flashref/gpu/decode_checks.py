@@ -16,6 +16,9 @@ from ..kvcache import _check_causal
 MAX_NQ = 16
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
+SM90A_VERSIONS = (5,)  # decode versions built for sm_90a: compute capability 9.0 exactly
+TILE_KEYS = 64  # keys per tile (flashref.gpu.decode.TILE_KEYS): version 5's TMA box rows
+TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
 
 
 def dtype_name(x) -> str:
@@ -109,3 +112,31 @@ def check_block_table(block_table, lengths, B: int, P: int, ps: int):
                 f"{int(L[b])}); expected 0 <= page < {P} (num_pages of k_pages)"
             )
     return bt.astype(np.int32), L
+
+
+def check_device(cc: tuple[int, int], version: int, name: str = "this GPU") -> None:
+    """Version 5 needs an sm_90a GPU (compute capability 9.0 exactly): a clear error, not an
+    NVRTC failure."""
+    if version in SM90A_VERSIONS and tuple(cc) != (9, 0):
+        raise RuntimeError(
+            f"decode version {version} is built for sm_90a (TMA) and needs compute capability "
+            f"9.0 exactly; {name} has compute capability {cc[0]}.{cc[1]}"
+        )
+
+
+def check_page_size(page_size: int, rows: int, version: int, what: str) -> None:
+    """Version 5 loads 64-key tiles from one page: page_size a multiple of TILE_KEYS; and its
+    row index (``rows`` K/V rows in the pool) must fit an int32."""
+    if version not in SM90A_VERSIONS:
+        return
+    if page_size % TILE_KEYS:
+        raise ValueError(
+            f"page_size is {page_size}; decode version {version} reads whole {TILE_KEYS}-key "
+            f"tiles from one page, so page_size must be a multiple of {TILE_KEYS} (versions 1 "
+            "to 4 take any)"
+        )
+    if rows >= TMA_ROWS:
+        raise ValueError(
+            f"{what} holds {rows} K/V rows; decode version {version} addresses at most "
+            f"{TMA_ROWS - 1}"
+        )

@@ -93,6 +93,66 @@ __device__ __forceinline__ void load_kv_subtile(u32 s, const half_t* K, const ha
     }
 }
 
+// The end of the split kernel: the NWARPS warps' states (m_w, l_w, O_w) of every row merged
+// through shared memory at red (the rings' space, free by now), then O and lse written (one
+// split) or the split's partials. Every thread of the block calls it (it has a barrier);
+// the final loop is shared by all `nthreads` of them. Version 5 calls it too.
+__device__ __forceinline__ void
+merge_warps_v2(float* red, const float (&o)[MT][D / 8][4], const float (&m)[MT][2],
+               const float (&l)[MT][2], int warp, int nthreads, int row0, int M, size_t qrow0,
+               int split, int S, float sl2, float scale, half_t* __restrict__ O,
+               float* __restrict__ lse, float* __restrict__ O_part, float* __restrict__ lse_part)
+{
+    const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+    float* Ored = red;                                      // (NWARPS, ROWS, LDR)
+    float* mred = Ored + NWARPS * ROWS * LDR;               // (NWARPS, ROWS)
+    float* lred = mred + NWARPS * ROWS;                     // (NWARPS, ROWS)
+    if (warp < NWARPS)  // a warp that holds a state (version 5's producer warp does not)
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float lr = l[mi][h];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            const int row = mi * 16 + g + h * 8;
+            if (t == 0) mred[warp * ROWS + row] = m[mi][h], lred[warp * ROWS + row] = lr;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++)
+                *(float2*)&Ored[(warp * ROWS + row) * LDR + n * 8 + 2 * t] =
+                    make_float2(o[mi][n][2 * h], o[mi][n][2 * h + 1]);
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ROWS * D / 2; e += nthreads) {  // two columns per step
+        const int row = e / (D / 2), col = (e % (D / 2)) * 2;
+        const int R = row0 + row;
+        if (R >= M) break;  // rows only grow with e
+        float m_all = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; w++) m_all = fmaxf(m_all, mred[w * ROWS + row]);
+        float ox = 0.f, oy = 0.f, l_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; w++) {
+            const float mw = mred[w * ROWS + row];
+            const float wt = (mw == NEG_INF) ? 0.f : ex2((mw - m_all) * sl2);  // a warp that saw nothing: 0
+            const float2 ow = *(const float2*)&Ored[(w * ROWS + row) * LDR + col];
+            l_all += wt * lred[w * ROWS + row];
+            ox += wt * ow.x;
+            oy += wt * ow.y;
+        }
+        const float inv = (l_all > 0.f) ? 1.f / l_all : 0.f;  // a row that saw no key: zeros
+        const float lse_r = (l_all > 0.f) ? m_all * scale + logf(l_all) : NEG_INF;
+        const size_t grow = qrow0 + R;  // (b, h, i) as one index
+        if (S == 1) {
+            ((u32*)O)[(grow * D + col) / 2] = pack_half2(ox * inv, oy * inv);
+            if (col == 0) lse[grow] = lse_r;
+        } else {
+            *(float2*)&O_part[(grow * S + split) * D + col] = make_float2(ox * inv, oy * inv);
+            if (col == 0) lse_part[grow * S + split] = lse_r;
+        }
+    }
+}
+
 // The split kernel's body, a function so that version 4 can add its own ending after it.
 // EARLY_REFILL (version 4): each refill is issued before the wait for the sub-tile it follows.
 template <bool EARLY_REFILL>
@@ -262,53 +322,8 @@ split_kv_v2_body(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with its ring: the rings' space holds the merge
 
-    // merge the 4 warps' states (m_w, l_w, O_w) of every row, then write O and lse
-    float* Ored = (float*)((char*)smem_ + ROWS * LDS * 2);  // (NWARPS, ROWS, LDR)
-    float* mred = Ored + NWARPS * ROWS * LDR;               // (NWARPS, ROWS)
-    float* lred = mred + NWARPS * ROWS;                     // (NWARPS, ROWS)
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float lr = l[mi][h];
-            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-            const int row = mi * 16 + g + h * 8;
-            if (t == 0) mred[warp * ROWS + row] = m[mi][h], lred[warp * ROWS + row] = lr;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++)
-                *(float2*)&Ored[(warp * ROWS + row) * LDR + n * 8 + 2 * t] =
-                    make_float2(o[mi][n][2 * h], o[mi][n][2 * h + 1]);
-        }
-    __syncthreads();
-    for (int e = threadIdx.x; e < ROWS * D / 2; e += NTHREADS) {  // two columns per step
-        const int row = e / (D / 2), col = (e % (D / 2)) * 2;
-        const int R = row0 + row;
-        if (R >= M) break;  // rows only grow with e
-        float m_all = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < NWARPS; w++) m_all = fmaxf(m_all, mred[w * ROWS + row]);
-        float ox = 0.f, oy = 0.f, l_all = 0.f;
-#pragma unroll
-        for (int w = 0; w < NWARPS; w++) {
-            const float mw = mred[w * ROWS + row];
-            const float wt = (mw == NEG_INF) ? 0.f : ex2((mw - m_all) * sl2);  // a warp that saw nothing: 0
-            const float2 ow = *(const float2*)&Ored[(w * ROWS + row) * LDR + col];
-            l_all += wt * lred[w * ROWS + row];
-            ox += wt * ow.x;
-            oy += wt * ow.y;
-        }
-        const float inv = (l_all > 0.f) ? 1.f / l_all : 0.f;  // a row that saw no key: zeros
-        const float lse_r = (l_all > 0.f) ? m_all * scale + logf(l_all) : NEG_INF;
-        const size_t grow = qrow0 + R;  // (b, h, i) as one index
-        if (S == 1) {
-            ((u32*)O)[(grow * D + col) / 2] = pack_half2(ox * inv, oy * inv);
-            if (col == 0) lse[grow] = lse_r;
-        } else {
-            *(float2*)&O_part[(grow * S + split) * D + col] = make_float2(ox * inv, oy * inv);
-            if (col == 0) lse_part[grow * S + split] = lse_r;
-        }
-    }
+    merge_warps_v2((float*)((char*)smem_ + ROWS * LDS * 2), o, m, l, warp, NTHREADS, row0, M,
+                   qrow0, split, S, sl2, scale, O, lse, O_part, lse_part);
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 2)

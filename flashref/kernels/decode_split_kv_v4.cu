@@ -43,21 +43,15 @@
 
 #include "decode_split_kv_v3.cu"  // split_kv_v2_body<>, combine_row_v3<> (and their kernels)
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
-decode_split_kv_v4(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
-                   const half_t* __restrict__ K,   // (num_pages, Hkv, page_size, D)
-                   const half_t* __restrict__ V,   // (num_pages, Hkv, page_size, D)
-                   const int* __restrict__ block_table,  // (B, max_pages), or null: contiguous
-                   const int* __restrict__ lengths,      // (B,), or null: every L = page_size
-                   half_t* __restrict__ O,         // (B, Hq, Nq, D)
-                   float* __restrict__ lse,        // (B, Hq, Nq)
-                   float* __restrict__ O_part,     // (B, Hq, Nq, S, D), written when S > 1
-                   float* __restrict__ lse_part,   // (B, Hq, Nq, S), written when S > 1
-                   int Hq, int Hkv, int Nq, int page_size, int max_pages, float scale, int causal,
-                   unsigned* __restrict__ counters)  // (B, gridDim.y), 0 before and after
+// The ending of version 4 (and 5): after the split kernel's body, every thread of the block
+// calls this. One split: nothing to do. Otherwise the block is counted in on its row block's
+// counter, and the last of the S split blocks merges the row block's partials (its first
+// NWARPS warps take the rows in turn) and sets the counter back to 0.
+__device__ __forceinline__ void
+merge_if_last_split(const float* __restrict__ O_part, const float* __restrict__ lse_part,
+                    half_t* __restrict__ O, float* __restrict__ lse, int Hq, int Hkv, int Nq,
+                    unsigned* __restrict__ counters)
 {
-    split_kv_v2_body<true>(Q, K, V, block_table, lengths, O, lse, O_part, lse_part, Hq, Hkv,
-                           Nq, page_size, max_pages, scale, causal);
     const int S = gridDim.x;
     if (S == 1) return;  // O and lse are written: nothing to merge
 
@@ -76,6 +70,25 @@ decode_split_kv_v4(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
     const int hkv = blockIdx.y % Hkv, row0 = (blockIdx.y / Hkv) * ROWS;  // as the body
     const int G = Hq / Hkv, M = G * Nq;
     const size_t qrow0 = ((size_t)blockIdx.z * Hq + (size_t)hkv * G) * Nq;
-    for (int R = row0 + warp; R < min(row0 + ROWS, M); R += NWARPS)  // uniform in the warp
-        combine_row_v3<true>(O_part, lse_part, O, lse, (int)(qrow0 + R), S, lane);
+    if (warp < NWARPS)  // version 5's producer warp holds no rows
+        for (int R = row0 + warp; R < min(row0 + ROWS, M); R += NWARPS)  // uniform in the warp
+            combine_row_v3<true>(O_part, lse_part, O, lse, (int)(qrow0 + R), S, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
+decode_split_kv_v4(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
+                   const half_t* __restrict__ K,   // (num_pages, Hkv, page_size, D)
+                   const half_t* __restrict__ V,   // (num_pages, Hkv, page_size, D)
+                   const int* __restrict__ block_table,  // (B, max_pages), or null: contiguous
+                   const int* __restrict__ lengths,      // (B,), or null: every L = page_size
+                   half_t* __restrict__ O,         // (B, Hq, Nq, D)
+                   float* __restrict__ lse,        // (B, Hq, Nq)
+                   float* __restrict__ O_part,     // (B, Hq, Nq, S, D), written when S > 1
+                   float* __restrict__ lse_part,   // (B, Hq, Nq, S), written when S > 1
+                   int Hq, int Hkv, int Nq, int page_size, int max_pages, float scale, int causal,
+                   unsigned* __restrict__ counters)  // (B, gridDim.y), 0 before and after
+{
+    split_kv_v2_body<true>(Q, K, V, block_table, lengths, O, lse, O_part, lse_part, Hq, Hkv,
+                           Nq, page_size, max_pages, scale, causal);
+    merge_if_last_split(O_part, lse_part, O, lse, Hq, Hkv, Nq, counters);
 }
