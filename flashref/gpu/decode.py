@@ -212,7 +212,8 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     from ._launch import _as_kernel_input
 
     B, Hq, Nq, d = q.shape
-    check_page_size(page_size, K.shape[0] * Hkv * page_size, plan.version, "K")
+    if bt is not None:  # a contiguous cache's tile may run past Nk: those keys are past L
+        check_page_size(page_size, K.shape[0] * Hkv * page_size, plan.version, "K")
     dtype = str(q.dtype)
     q = _as_kernel_input(q, q.shape)
     K, V = _as_kernel_input(K, K.shape), _as_kernel_input(V, V.shape)

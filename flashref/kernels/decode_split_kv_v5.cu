@@ -31,8 +31,10 @@
 //   page_size rows; tile t of sequence b starts at row (page * Hkv + hkv) * page_size + slot
 //   with page = block_table[b][64 t / page_size]. A tile's 64 rows lie in one page only when
 //   page_size is a multiple of 64: other page sizes are refused on the host
-//   (flashref.gpu.decode names page_size). The contiguous cache is B pages of Nk slots, where
-//   a tile never crosses a page either.
+//   (flashref.gpu.decode names page_size). The contiguous cache is B pages of Nk slots with
+//   any Nk: there the last tile of a sequence may run past Nk into the next head's rows (or
+//   past the tensor's end, where TMA fills zeros); every such key lies past L, so it is
+//   masked and its V row zeroed like any key past L.
 //
 //   Bytes of K and V in flight per SM (computed from the ring, not measured):
 //     d = 128, 16 rows, STAGES = 3, 2 blocks: a tile of K and V is 32 KiB; while the consumers
