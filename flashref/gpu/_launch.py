@@ -31,15 +31,24 @@ DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 MAX_PERSISTENT_BLOCKS = max_persistent_blocks(os.environ.get("FLASHREF_MAX_PERSISTENT_BLOCKS"))
 
 _functions: dict[tuple[int, int, str, int], cp.RawKernel] = {}
-_sm_counts: dict[int, int] = {}
+_device_facts: dict[int, tuple[tuple[int, int], str, int]] = {}
+
+
+def device_facts() -> tuple[tuple[int, int], str, int]:
+    """The current device's (compute capability, name, SM count), asked once per device: the
+    driver's property queries cost more than a short kernel's launch."""
+    dev = cp.cuda.Device()
+    if dev.id not in _device_facts:
+        cc = divmod(int(dev.compute_capability), 10)
+        name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+        sms = int(dev.attributes["MultiProcessorCount"])
+        _device_facts[dev.id] = ((int(cc[0]), int(cc[1])), name, sms)
+    return _device_facts[dev.id]
 
 
 def _sm_count() -> int:
     """The current device's number of SMs (asked once per device)."""
-    dev = cp.cuda.Device()
-    if dev.id not in _sm_counts:
-        _sm_counts[dev.id] = int(dev.attributes["MultiProcessorCount"])
-    return _sm_counts[dev.id]
+    return device_facts()[2]
 
 
 def get_function(ver, d: int, dtype: str | None = None):

@@ -278,14 +278,13 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
     from . import _require_gpu, _to_cupy
 
     cp = _require_gpu()
-    dev = cp.cuda.Device()
-    cc = tuple(int(c) for c in divmod(int(dev.compute_capability), 10))
-    name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+    from ._launch import device_facts
+
+    cc, name, sms = device_facts()  # asked once per device
     check_device(cc, version, f"this GPU ({name})")
     torch_in = type(q).__module__.split(".")[0] == "torch"
     q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
     B, Hq, Nq, d = q.shape
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits, version)  # B = 0: none
     if plan.grid[1] > MAX_GRID or B > MAX_GRID:
         raise ValueError(f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z")
