@@ -389,7 +389,7 @@ def test_persistent_version_registry_and_grid():
         ver.smem_bytes(128) == fg.VERSIONS[26].smem_bytes(128) == 2 * (128 + 6 * 128) * 128 + 1024
     )
     assert ver.smem_bytes(128) + 80 <= 227 * 1024  # + Q, q_empty and 2 x 3 stage barriers
-    assert not any(v.persistent for n, v in fg.VERSIONS.items() if n != 27)
+    assert {n for n, v in fg.VERSIONS.items() if v.persistent} == {27, 28}
     assert ver.grid(1024, 512, 132) == (132, 1)  # 8 x 512 work tiles on 132 SMs
     assert ver.grid(1, 3, 132) == (3, 1)  # fewer work tiles than SMs: one block each
     assert ver.grid(129, 1, 132) == (2, 1)
@@ -402,6 +402,30 @@ def test_persistent_version_registry_and_grid():
     text = ver.path.read_text()
     assert "#define KV_STAGES 3" in text and "#define Bc 128" in text
     assert "int BH)" in text  # the extra argument launch() passes to a persistent version
+
+
+def test_persistent_three_consumer_version_registry_and_grid():
+    """Version 28: version 24's block (three consumer warpgroups, Br = 192, d = 64 only) on
+    min(work tiles, SMs) blocks."""
+    from flashref.gpu.versions import HOPPER_PREFERENCE, PREFERENCE, base_of
+
+    ver, v24 = fg.VERSIONS[28], fg.VERSIONS[24]
+    assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(28) == 24
+    assert ver.runs_on((9, 0)) and not ver.runs_on((10, 0)) and ver.min_cc == (9, 0)
+    assert ver.dtypes == ("float16", "bfloat16") and ver.head_dims == (64,)
+    assert (ver.threads, ver.Br, ver.Bc(64), ver.stages(64)) == (4 * 128, 192, 128, 3)
+    assert ver.smem_bytes(64) == v24.smem_bytes(64) == 2 * (192 + 6 * 128) * 64 + 1024
+    assert ver.grid(1024, 512, 132) == (132, 1)  # 6 x 512 work tiles on 132 SMs
+    assert ver.grid(4097, 1, 132) == (22, 1)  # ceil(4097 / 192) work tiles: one block each
+    assert ver.grid(1, 3, 132) == (3, 1) and ver.grid(193, 1, 132) == (2, 1)
+    assert v24.grid(4097, 8, 132) == (22, 8)
+    for dtype in ver.dtypes:  # d = 128 is refused by name before any GPU work, as for v24
+        with pytest.raises(ValueError, match=r"head dim d=128; version 28 supports d in \(64,\)"):
+            fg._check_version(28, dtype, 128)
+        assert fg._check_version(28, dtype, 64) is ver
+    assert 28 not in PREFERENCE.values() and 28 not in HOPPER_PREFERENCE.values()
+    text = ver.path.read_text()
+    assert "int BH)" in text and "flash_v28(" in text and "#define CONSUMER_REGS 160" in text
 
 
 def test_persistent_block_cap_from_the_environment():

@@ -121,16 +121,16 @@ def _split(n_mine, n_tiles: int, name: str) -> tuple[int, int]:
 
 
 def _schedule(progs: list, loads: list[tuple], stages: int, what: str) -> list[Event]:
-    """Both consumer programs beside a producer issuing ``loads`` in order: ("load", j) once
-    K/V tile j - stages is released by both warpgroups, ("load_q", n) once both have freed
+    """The consumer programs beside a producer issuing ``loads`` in order: ("load", j) once
+    K/V tile j - stages is released by every warpgroup, ("load_q", n) once all have freed
     Q of work tile n - 1."""
     pending = [next(p, None) for p in progs]
     count = [0, 0]  # warpgroups arrived at named barrier b in its current generation
     members: list[set] = [set(), set()]  # which ones
     gen = [0, 0]  # completed generations of barrier b
-    waiting = [None, None]  # (barrier, generation) a warpgroup's bar.sync waits to complete
-    released = [set(), set()]  # K/V tiles each warpgroup has released
-    freed = [set(), set()]  # work tiles whose Q each warpgroup has freed
+    waiting = [None] * len(progs)  # (barrier, generation) a warpgroup's bar.sync waits for
+    released = [set() for _ in progs]  # K/V tiles each warpgroup has released
+    freed = [set() for _ in progs]  # work tiles whose Q each warpgroup has freed
     filled, q_loaded, done = 0, 0, 0  # K/V tiles and Qs loaded, producer operations done
     n_kv = sum(op[0] == "load" for op in loads)
     n_q = len(loads) - n_kv
@@ -151,7 +151,7 @@ def _schedule(progs: list, loads: list[tuple], stages: int, what: str) -> list[E
             else:
                 q_loaded += 1
             done, moved = done + 1, True
-        for cw in (0, 1):
+        for cw in range(len(progs)):  # two warpgroups (three in version 28, without turns)
             op = pending[cw]
             if op is None:
                 continue

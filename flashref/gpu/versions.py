@@ -216,6 +216,11 @@ VERSIONS: dict[int, Version] = {
                 "(q block, head) tiles, the producer running on into the next tile",
                 "v27_persistent.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
                 kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
+        Version(28, "persistent3", _TC, (64,),
+                "v24 (3 consumer warpgroups, Br = 192, d = 64 only) made persistent as v27: "
+                "min(tiles, SMs) blocks, the producer running on into the next tile",
+                "v28_persistent3.cu", 192, 512, min_cc=(9, 0), bc64=128,
+                kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
     )
 }  # fmt: skip
 

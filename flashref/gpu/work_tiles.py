@@ -1,11 +1,13 @@
-"""The order in which version 27's persistent blocks take their work tiles, on the CPU.
+"""The order in which the persistent blocks of versions 27 and 28 take their work tiles.
 
 ``flashref/kernels/v27_persistent.cu`` launches min(Tr x B*H, SMs) blocks; block b takes work
 tiles b, b + grid, ... of one list (a work tile is a query block of one head). ``work_tile``
 is the kernel's work_tile(): without causal a head's query blocks side by side; with causal the
 heads in sections of ``section_heads`` (their K/V within ``L2_KV_BYTES``), each section level
 by level, longest query blocks first. ``block_tiles`` gives one block's work tiles as
-``flashref.gpu.pingpong.run_blocks`` takes them, each with its causal split.
+``flashref.gpu.pingpong.run_blocks`` takes them, each with its causal split (version 28's,
+three warpgroups of a 192-row query block, as ``flashref.gpu.persistent3.run_blocks3`` takes
+them). The section rule does not depend on Br: a section is counted in heads.
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ def work_tile(item: int, Tr: int, BH: int, causal: bool, G: int | None = None) -
 
 
 def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool, d: int = 128,
-                Br: int = 128, Bc: int = 128) -> WorkTiles:  # fmt: skip
+                Br: int = 128, Bc: int = 128, idle_past_nq: bool = False) -> WorkTiles:  # fmt: skip
     """The work tiles block ``b`` of ``grid`` takes in version 27 (b, b + grid, ...), each as
-    (n_tiles, (n_mine of warpgroup 0, of 1)) computed as the kernel computes them."""
+    (n_tiles, (n_mine of each of the Br / 64 warpgroups)) computed as the kernel computes them.
+    Version 28 (Br = 192, three warpgroups) passes ``idle_past_nq``: as in version 24 a
+    warpgroup whose 64 rows all lie past Nq has no tile of its own (n_mine = 0)."""
     Nq, Nk, BH, Br, Bc = (_int(x, n, 1) for x, n in ((Nq, "Nq"), (Nk, "Nk"), (BH, "BH"),
                                                       (Br, "Br"), (Bc, "Bc")))  # fmt: skip
+    if Br % 64:
+        raise ValueError(f"Br must be a multiple of 64 (64 rows per warpgroup), got {Br}")
     Tr = -(-Nq // Br)
     grid = _int(grid, "grid", 1, Tr * BH)
     b = _int(b, "b", 0, grid - 1)
@@ -53,7 +59,8 @@ def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool, d: i
         q0 = work_tile(item, Tr, BH, causal, G)[0] * Br
         kv_end = min(Nk, q0 + Br) if causal else Nk
         n_tiles = -(-kv_end // Bc)
-        split = tuple(min(n_tiles, (q0 + cw * 64 + 63) // Bc + 1) if causal else n_tiles
-                      for cw in (0, 1))  # fmt: skip
+        split = tuple(0 if idle_past_nq and q0 + cw * 64 >= Nq
+                      else min(n_tiles, (q0 + cw * 64 + 63) // Bc + 1) if causal else n_tiles
+                      for cw in range(Br // 64))  # fmt: skip
         out.append((n_tiles, split))
     return out
