@@ -9,7 +9,6 @@ The GPU side is tests/test_gpu_hopper.py.
 
 from __future__ import annotations
 
-import ctypes
 import re
 import subprocess
 import sys
@@ -206,61 +205,6 @@ def test_tensor_map_box_width_for_the_128_byte_swizzle():
     for dtype in ("float16", "bfloat16"):  # valid arguments pass the checks
         assert hp.check_tensor_map_args((100, 64), dtype, (128, 2), 0x10000, 64) == 2
         assert hp.check_tensor_map_args((100, 128), dtype, (256, 2), 0x10000, 128, 64) == 2
-
-
-def test_tensor_map_asks_the_driver_once_per_distinct_descriptor(monkeypatch):
-    """Equal address, shape, stride, dtype and box: the kept bytes; any other value: the
-    driver again. A fake cuda.bindings.driver records its calls (no GPU needed)."""
-    import sys
-    import types
-
-    calls = []
-
-    class Map:
-        def __init__(self, key):
-            self.buf = (ctypes.c_char * 128)(*key.to_bytes(8, "little"))
-
-        def getPtr(self):
-            return ctypes.addressof(self.buf)
-
-    def encode(dtype, rank, ptr, dims, strides, box, elem, *rest):
-        calls.append((dtype, ptr, tuple(int(x) for x in dims), tuple(int(x) for x in box)))
-        return fake_driver.CUresult.CUDA_SUCCESS, Map(len(calls))
-
-    fake_driver = types.SimpleNamespace(
-        CUtensorMapDataType=types.SimpleNamespace(
-            CU_TENSOR_MAP_DATA_TYPE_FLOAT16="f16", CU_TENSOR_MAP_DATA_TYPE_BFLOAT16="bf16"
-        ),
-        CUtensorMapInterleave=types.SimpleNamespace(CU_TENSOR_MAP_INTERLEAVE_NONE=0),
-        CUtensorMapSwizzle=types.SimpleNamespace(CU_TENSOR_MAP_SWIZZLE_128B=3),
-        CUtensorMapL2promotion=types.SimpleNamespace(CU_TENSOR_MAP_L2_PROMOTION_L2_128B=2),
-        CUtensorMapFloatOOBfill=types.SimpleNamespace(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE=0),
-        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0),
-        cuuint64_t=int,
-        cuuint32_t=int,
-        cuTensorMapEncodeTiled=encode,
-    )
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.driver = fake_driver
-    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake_driver)
-    hp._encode.cache_clear()
-    try:
-        a = hp.tensor_map(fake(shape=(1000, 64)), 64)
-        assert hp.tensor_map(fake(shape=(1000, 64)), 64).tobytes() == a.tobytes()
-        assert len(calls) == 1  # the second call did not reach the driver
-        others = [fake(shape=(1000, 64), ptr=0x20000), fake(shape=(999, 64)),
-                  fake(shape=(1000, 64), dtype="bfloat16")]  # fmt: skip
-        for x in others:
-            assert hp.tensor_map(x, 64).tobytes() != a.tobytes()
-        assert hp.tensor_map(fake(shape=(1000, 64)), 128).tobytes() != a.tobytes()  # box
-        assert len(calls) == 5
-        assert calls[0] == ("f16", 0x10000, (64, 1000), (64, 64))  # innermost dim first
-        with pytest.raises(ValueError, match="16-byte aligned address"):  # checked each call
-            hp.tensor_map(fake(shape=(1000, 64), ptr=0x10008), 64)
-    finally:
-        hp._encode.cache_clear()  # no fake descriptor outlives the test
 
 
 def test_imports_need_neither_cupy_nor_cuda_bindings():

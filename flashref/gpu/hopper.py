@@ -25,7 +25,6 @@ NumPy only at import: CuPy and ``cuda.bindings`` are imported inside ``tensor_ma
 
 from __future__ import annotations
 
-import functools
 import numbers
 
 import numpy as np
@@ -220,10 +219,6 @@ def tensor_map(x, box_rows, box_cols=64) -> np.void:
     Box (box_rows, box_cols), 128-byte swizzle, out-of-bounds elements read as zero. The
     descriptor holds x's address: make it again for another array. Pass the result as a
     kernel argument of type ``const __grid_constant__ TensorMap``.
-
-    The descriptor is a function of the address, shape, row stride, dtype and box alone, so
-    the last ``TENSOR_MAPS_KEPT`` are kept and a call with the same values returns the same
-    bytes without asking the driver again (the encoding is a visible part of a short call).
     """
     if not all(hasattr(x, a) for a in ("shape", "dtype", "strides")) or not hasattr(
         getattr(x, "data", None), "ptr"
@@ -231,17 +226,7 @@ def tensor_map(x, box_rows, box_cols=64) -> np.void:
         raise TypeError(f"x must be a CuPy array (GPU memory), got {type(x).__name__}")
     dtype = str(x.dtype)
     check_tensor_map_args(tuple(x.shape), dtype, tuple(x.strides), x.data.ptr, box_rows, box_cols)
-    rows, cols = x.shape
-    return _encode(dtype, int(rows), int(cols), int(x.strides[0]), int(x.data.ptr),
-                   int(box_rows), int(box_cols))  # fmt: skip
 
-
-TENSOR_MAPS_KEPT = 256
-
-
-@functools.lru_cache(maxsize=TENSOR_MAPS_KEPT)
-def _encode(dtype, rows, cols, row_stride, ptr, box_rows, box_cols) -> np.void:
-    """cuTensorMapEncodeTiled for checked arguments: the 128 bytes, read-only."""
     import ctypes
 
     from cuda.bindings import driver
@@ -250,12 +235,13 @@ def _encode(dtype, rows, cols, row_stride, ptr, box_rows, box_cols) -> np.void:
         "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
     }
+    rows, cols = x.shape
     err, tmap = driver.cuTensorMapEncodeTiled(
         types[dtype],
         2,
-        ptr,
+        x.data.ptr,
         [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],  # innermost dimension first
-        [driver.cuuint64_t(row_stride)],  # bytes from one row to the next
+        [driver.cuuint64_t(x.strides[0])],  # bytes from one row to the next
         [driver.cuuint32_t(box_cols), driver.cuuint32_t(box_rows)],
         [driver.cuuint32_t(1), driver.cuuint32_t(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -264,6 +250,6 @@ def _encode(dtype, rows, cols, row_stride, ptr, box_rows, box_cols) -> np.void:
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (x shape {(rows, cols)})")
-    raw = ctypes.string_at(tmap.getPtr(), 128)  # bytes: the array below cannot be written
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (x shape {x.shape})")
+    raw = ctypes.string_at(tmap.getPtr(), 128)
     return np.frombuffer(raw, dtype=np.dtype((np.void, 128)))[0]
