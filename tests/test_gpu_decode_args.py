@@ -334,3 +334,16 @@ def test_version_5_refuses_page_sizes_and_other_gpus(no_cupy):
     dec.check_device((8, 0), 4)  # the other versions run anywhere
     with pytest.raises(ValueError, match=r"holds 2147483648 K/V rows; decode version 5"):
         dec.check_page_size(64, 2**31, 5, "k_pages")
+
+
+def test_decode_plan_is_kept_per_shape_and_still_checks_every_argument():
+    """A repeated shape returns the kept plan (the split search is not redone per call); a bool
+    or a NumPy integer is a different key, so the checks still see it."""
+    dec.decode_plan.cache_clear()
+    p = dec.decode_plan(1, 32, 8, 1, 32768, 128, 132)
+    assert dec.decode_plan(1, 32, 8, 1, 32768, 128, 132) is p
+    assert dec.decode_plan.cache_info().hits == 1
+    assert p.num_splits == dec.choose_num_splits(1, 8, 32768, 132)
+    with pytest.raises(TypeError, match="B must be an int, got bool"):
+        dec.decode_plan(True, 32, 8, 1, 32768, 128, 132)
+    assert dec.decode_plan(np.int64(1), 32, 8, 1, 32768, 128, 132) == p  # checked, then equal

@@ -39,6 +39,7 @@ needs ``page_size`` a multiple of 64 there (a tile then lies in one page).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -187,9 +188,14 @@ class DecodePlan:
     version: int = DEFAULT_VERSION
 
 
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are not the same B
 def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
                 version=DEFAULT_VERSION) -> DecodePlan:  # fmt: skip
-    """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs."""
+    """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs.
+
+    Kept per argument tuple (a plan is frozen): a decode step repeats its shape every call,
+    and the split search costs more host time than a short kernel runs.
+    """
     version = check_version(version)
     G = group_size(Hq, Hkv, kv="k")
     tiles, blocks = row_tiles(G, Nq)
