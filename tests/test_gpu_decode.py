@@ -12,6 +12,7 @@ NaN; a failure names the case, the worst element and its error against the toler
 from __future__ import annotations
 
 import copy
+import functools
 import zlib
 
 import numpy as np
@@ -495,3 +496,31 @@ def test_flash_attention_routes_grouped_heads_to_decode(cp, Nq, Nk, causal):
     assert O is out
     label = f"flash_attention grouped Nq={Nq} Nk={Nk} {causal=}"
     _check(label, "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
+
+
+@pytest.mark.parametrize("page_size", [None, 64, 100])
+def test_default_version_is_this_gpus(cp, page_size):
+    """version=None runs default_version of this GPU (on an H200 version 5 for a contiguous
+    cache or 64-key pages, version 3 for pages of 100): the same bits as that version by number."""
+    from flashref.gpu._launch import device_facts
+    from flashref.gpu.decode import decode_attention, default_version, paged_decode_attention
+
+    cc = device_facts()[0]
+    q, k, v = (cp.asarray(x) for x in _inputs("float16", 2, 8, 2, 1, 1000, 128, "default"))
+    if page_size is None:
+        number = default_version(cc)
+        run = functools.partial(decode_attention, q, k, v, lengths=cp.asarray([1000, 37]))
+    else:
+        number = default_version(cc, page_size)
+        pages = -(-1000 // page_size)  # sequence b in pages b*pages .. (b+1)*pages - 1
+        pad = pages * page_size - 1000
+        kp, vp = (cp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
+        kp, vp = (x.reshape(2, 2, pages, page_size, 128).transpose(0, 2, 1, 3, 4)
+                  .reshape(2 * pages, 2, page_size, 128) for x in (kp, vp))  # fmt: skip
+        table = cp.arange(2 * pages, dtype=cp.int32).reshape(2, pages)
+        kp, vp = cp.ascontiguousarray(kp), cp.ascontiguousarray(vp)
+        run = functools.partial(paged_decode_attention, q, kp, vp, table, cp.asarray([1000, 37]))
+    O, O_n = run(), run(version=number)
+    assert cp.asnumpy(O).tobytes() == cp.asnumpy(O_n).tobytes(), f"default is not v{number}"
+    ref = decode_attention(q, k, v, lengths=cp.asarray([1000, 37]), version=1)
+    assert float(cp.abs(O.astype(cp.float32) - ref.astype(cp.float32)).max()) < 2e-2

@@ -266,15 +266,17 @@ def test_version_3_refuses_more_splits_than_its_combine_holds(no_cupy):
         fg.decode_attention(q, k, v, num_splits=128, version=3)
 
 
-def test_default_decode_version_is_the_best_in_the_recorded_run():
-    """DEFAULT_VERSION is the version whose contiguous rows reach SDPA cuDNN's bandwidth at
-    the most shapes of results/gpu_decode.json (ties: the higher median ratio to cuDNN)."""
+def test_default_decode_versions_are_the_best_in_the_recorded_run():
+    """HOPPER_DEFAULT_VERSION is the version whose contiguous rows reach SDPA cuDNN's bandwidth
+    at the most shapes of results/gpu_decode.json (ties: the higher median ratio to cuDNN);
+    DEFAULT_VERSION the same among the versions that run on any GPU (not sm_90a)."""
     import statistics
     from pathlib import Path
 
     doc = json.loads((Path(__file__).parent.parent / "results" / "gpu_decode.json").read_text())
     recorded = sorted(doc["meta"]["decode_versions"])  # a version newer than the run: not yet
-    assert set(recorded) <= set(dec.VERSIONS) and dec.DEFAULT_VERSION in recorded, recorded
+    assert set(recorded) <= set(dec.VERSIONS), recorded
+    assert {dec.DEFAULT_VERSION, dec.HOPPER_DEFAULT_VERSION} <= set(recorded), recorded
     from flashref.bench.decode import impl_names
 
     contiguous = {impl_names(v)[0]: v for v in recorded}  # row name -> version
@@ -283,7 +285,29 @@ def test_default_decode_version_is_the_best_in_the_recorded_run():
         if r["impl"] in contiguous and r["ratio_to_cudnn"] is not None:
             ratios[contiguous[r["impl"]]].append(r["ratio_to_cudnn"])
     score = {v: (sum(x >= 1.0 for x in rs), statistics.median(rs)) for v, rs in ratios.items()}
-    assert max(score, key=score.get) == dec.DEFAULT_VERSION, score
+    assert max(score, key=score.get) == dec.HOPPER_DEFAULT_VERSION, score
+    anywhere = {v: sc for v, sc in score.items() if v not in dec.SM90A_VERSIONS}
+    assert max(anywhere, key=anywhere.get) == dec.DEFAULT_VERSION, anywhere
+
+
+def test_default_decode_version_depends_on_the_gpu_and_never_refuses():
+    """version=None: the Hopper version on 9.0 where its tile and row rules hold, version 3
+    wherever the Hopper version would refuse the call (other GPUs, page sizes, huge pools)."""
+    hopper, anywhere = dec.HOPPER_DEFAULT_VERSION, dec.DEFAULT_VERSION
+    assert hopper in dec.SM90A_VERSIONS and anywhere not in dec.SM90A_VERSIONS
+    assert dec.default_version((9, 0)) == hopper  # a contiguous cache of any Nk
+    assert dec.default_version((9, 0), page_size=64) == hopper
+    assert dec.default_version((9, 0), page_size=128, rows=2**31 - 1) == hopper
+    assert dec.default_version((9, 0), page_size=100) == anywhere
+    assert dec.default_version((9, 0), page_size=16) == anywhere
+    assert dec.default_version((9, 0), rows=2**31) == anywhere
+    for cc in ((8, 0), (8, 9), (10, 0), (12, 0)):
+        assert dec.default_version(cc) == anywhere
+        assert dec.default_version(cc, page_size=64) == anywhere
+    assert dec.check_version(None) is None
+    with pytest.raises(ValueError, match="num_splits is 129; the default decode version merges"):
+        dec.check_splits(129, None)
+    assert dec.check_splits(128, None) == 128
 
 
 def test_version_5_plan_shared_memory_and_split_rule():

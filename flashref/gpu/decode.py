@@ -51,6 +51,7 @@ from .decode_checks import (
     MAX_NQ,  # noqa: F401
     SM90A_VERSIONS,
     TILE_KEYS,
+    TMA_ROWS,
     check_arrays,
     check_block_table,
     check_common,
@@ -71,7 +72,13 @@ VERSIONS = {
     5: ("decode_split_kv_v5.cu", "decode_split_kv_v5", None),  # TMA tiles, v4's merge
 }
 MERGE_IN_REGISTERS = (3, 4, 5)  # versions whose merge holds a row's lse in registers
+# version=None: on compute capability 9.0 version 5 (TMA; any contiguous cache, page sizes a
+# multiple of its 64-key tile), elsewhere version 3; both from the recorded run
+# (results/gpu_decode.json, on an H200): the version that reaches SDPA cuDNN's bandwidth at
+# the most shapes, among all versions for 9.0 and among those that run anywhere for the rest
+# (a test checks both)
 DEFAULT_VERSION = 3
+HOPPER_DEFAULT_VERSION = 5
 BC = TILE_KEYS  # 64 keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block (version 1)
 BK = 16  # keys per warp sub-tile (version 2)
@@ -89,8 +96,10 @@ MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurem
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
 
 
-def check_version(version) -> int:
-    """A decode kernel version: one of the keys of ``VERSIONS``."""
+def check_version(version) -> int | None:
+    """A decode kernel version: one of the keys of ``VERSIONS``, or None (``default_version``)."""
+    if version is None:
+        return None
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise TypeError(f"version must be an int in {sorted(VERSIONS)}, got {version!r}")
     if int(version) not in VERSIONS:
@@ -101,12 +110,22 @@ def check_version(version) -> int:
 def check_splits(num_splits, version: int):
     """Version 3's merge (versions 3 and 4) holds each row's lse in registers: at most
     ``MAX_SPLITS`` splits."""
-    if version in MERGE_IN_REGISTERS and num_splits is not None and num_splits > MAX_SPLITS:
-        raise ValueError(
-            f"num_splits is {num_splits}; decode version {version} merges at most "
-            f"{MAX_SPLITS} splits"
-        )
+    merges = version is None or version in MERGE_IN_REGISTERS  # both defaults do
+    if merges and num_splits is not None and num_splits > MAX_SPLITS:
+        which = "the default decode version" if version is None else f"decode version {version}"
+        raise ValueError(f"num_splits is {num_splits}; {which} merges at most {MAX_SPLITS} splits")
     return num_splits
+
+
+def default_version(cc, page_size=None, rows: int = 0) -> int:
+    """The version ``version=None`` runs on a GPU of compute capability ``cc`` (major, minor):
+    ``HOPPER_DEFAULT_VERSION`` on 9.0 for a contiguous cache (``page_size`` None) or pages a
+    multiple of its tile, with fewer than 2^31 K/V ``rows`` in the pool; else ``DEFAULT_VERSION``.
+    So the default never refuses what version 3 takes."""
+    hopper = tuple(cc) == (9, 0) and rows < TMA_ROWS
+    if hopper and (page_size is None or page_size % TILE_KEYS == 0):
+        return HOPPER_DEFAULT_VERSION
+    return DEFAULT_VERSION
 
 
 def blocks_per_sm(version: int, d: int, row_tiles: int) -> int:
@@ -287,6 +306,9 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
     from ._launch import device_facts
 
     cc, name, sms = device_facts()  # asked once per device
+    if version is None:  # this GPU's default (a contiguous cache: bt is None)
+        rows = k.shape[0] * k.shape[1] * k.shape[2]  # (pages or B) x Hkv x slots
+        version = default_version(cc, None if bt is None else page_size, rows)
     check_device(cc, version, f"this GPU ({name})")
     torch_in = type(q).__module__.split(".")[0] == "torch"
     q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
@@ -306,7 +328,7 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
 
 
 def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_splits=None,
-                     return_lse=False, version=DEFAULT_VERSION):  # fmt: skip
+                     return_lse=False, version=None):  # fmt: skip
     """Attention of ``Nq <= 16`` queries per sequence to a contiguous K/V cache, split-KV.
 
     Args:
@@ -316,7 +338,8 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
         causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
         scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
         return_lse: also return ``lse (B, Hq, Nq)`` in float32.
-        version: the kernel version, a key of ``VERSIONS`` (all give the same results).
+        version: the kernel version, a key of ``VERSIONS`` (all give the same results), or
+            None (default) for ``default_version`` of this GPU.
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
@@ -336,7 +359,7 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
 
 def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
                            scale=None, num_splits=None, return_lse=False,
-                           version=DEFAULT_VERSION):  # fmt: skip
+                           version=None):  # fmt: skip
     """``decode_attention`` reading K/V pages through a block table (``PagedKVCache``'s layout).
 
     Args:

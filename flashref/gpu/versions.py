@@ -247,12 +247,12 @@ HOPPER_CC = (9, 0)
 HOPPER_PREFERENCE: dict[tuple[str, int, bool], int] = {
     ("float16", 64, False): 24,
     ("float16", 64, True): 24,
-    ("float16", 128, False): 26,
-    ("float16", 128, True): 26,
+    ("float16", 128, False): 27,
+    ("float16", 128, True): 27,
     ("bfloat16", 64, False): 24,
     ("bfloat16", 64, True): 24,
     ("bfloat16", 128, False): 26,
-    ("bfloat16", 128, True): 26,
+    ("bfloat16", 128, True): 27,
 }
 
 
