@@ -101,6 +101,10 @@ def _impls(ctx, d, causal, dtype, x):
     for ver in BWD_VERSIONS.values():
         if ctx["versions"] and ver.number not in ctx["versions"]:
             continue
+        if not ver.runs_on(_device_cc(cp)):  # an sm_90a version elsewhere than on 9.0
+            print(f"  bwd{ver.number}: skipped, needs compute capability "
+                  f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip
+            continue
         get_functions(ver, d, dtype)
         grads = tuple(cp.empty_like(t) for t in (q, k, v))
 

@@ -110,14 +110,15 @@ def _check_capability(cp, ver: Version) -> None:
     cc = _device_cc(cp)
     if not ver.runs_on(cc):
         name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+        what = f"{getattr(ver, 'kind', '')}version {ver.number} ({ver.name})"
         if ver.arch:
             raise RuntimeError(
-                f"version {ver.number} ({ver.name}) is built for {ver.arch} and needs compute "
+                f"{what} is built for {ver.arch} and needs compute "
                 f"capability {ver.min_cc[0]}.{ver.min_cc[1]} exactly; this GPU ({name}) has "
                 f"{cc[0]}.{cc[1]}"
             )
         raise RuntimeError(
-            f"version {ver.number} ({ver.name}) needs compute capability "
+            f"{what} needs compute capability "
             f"{ver.min_cc[0]}.{ver.min_cc[1]} or higher; this GPU ({name}) has {cc[0]}.{cc[1]}"
         )
 

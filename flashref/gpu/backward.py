@@ -115,7 +115,7 @@ def get_functions(ver: BwdVersion, d: int, dtype: str):
     if fns is None:
         opts = (*NVRTC_OPTIONS, *ver.defines(d, dtype))
         pp = cp.RawModule(code=pre_post_source(), options=opts)
-        module = cp.RawModule(code=ver.source(), options=opts)
+        module = cp.RawModule(code=ver.source(), options=(*opts, *ver.nvrtc_options()))
         main = module.get_function(ver.kernel)
         main.max_dynamic_shared_size_bytes = ver.smem_bytes(d)
         if ver.deterministic_dq:
@@ -126,6 +126,16 @@ def get_functions(ver: BwdVersion, d: int, dtype: str):
         fns = (pp.get_function("bwd_preprocess"), main, last)
         _modules[key] = fns
     return fns
+
+
+def _tma_maps(ver: BwdVersion, q3, k3, v3, do3, d: int) -> tuple:
+    """(qmap, kmap, vmap, domap) over (B*H*N, d) views: Q and dO boxes of Br rows, K and V of
+    Bc rows (64 columns each, 128-byte swizzle), in the order the kernel takes them."""
+    from ._launch import tensor_map_of
+
+    rows = {"q": ver.Br, "k": ver.Bc, "v": ver.Bc, "do": ver.Br}  # box rows of each map
+    arrays = {"q": q3, "k": k3, "v": v3, "do": do3}
+    return tuple(tensor_map_of(arrays[n].reshape(-1, d), rows[n]) for n in rows)
 
 
 def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale: float):
@@ -165,7 +175,8 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
             last((Tr, nb), (ver.threads,), (*common, dq3[b], *ints),
                  shared_mem=ver.dq_smem_bytes(d))  # fmt: skip
         else:  # dK, dV, and dQ / scale added into dQacc
-            main((Tc, nb), (ver.threads,), (*common, dQacc[b], dk3[b], dv3[b], *ints),
+            maps = _tma_maps(ver, q3[b], k3[b], v3[b], do3[b], d) if ver.tma else ()
+            main((Tc, nb), (ver.threads,), (*common, dQacc[b], dk3[b], dv3[b], *ints, *maps),
                  shared_mem=ver.smem_bytes(d))  # fmt: skip
     if dQacc is not None:  # dQ = scale * dQacc in q's dtype
         pairs = BH * Nq * d // 2

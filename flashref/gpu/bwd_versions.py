@@ -43,23 +43,42 @@ class BwdVersion:
     dtypes: tuple[str, ...] = ("float16", "bfloat16")
     head_dims: tuple[int, ...] = (64, 128)
     min_cc: tuple[int, int] = (8, 0)  # mma.sync m16n8k16 bf16, cp.async, ldmatrix
-    arch: str | None = None  # no backward version needs an architecture-specific target
+    arch: str | None = None  # an architecture-specific target ("sm_90a"): that GPU only
+    tma: bool = False  # takes the TMA descriptors of Q, K, V, dO after the common arguments
+    # float32 atomic additions into each dQ element per key tile of Bc keys (where dQ is added
+    # by atomics): 1 where the block sums dS K_j over all its keys first, NWG where each of
+    # NWG consumer warpgroups adds its own keys' share
+    dq_adds_per_tile: int = 1
     # (d, blocks): thread blocks per SM that the kernel's __launch_bounds__ keeps the registers
     # low enough for at head dim d (the compile check holds ptxas's count and the shared memory
     # to it); a d not listed makes no such promise
     blocks_per_sm: tuple[tuple[int, int], ...] = ()
+
+    kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
 
     @property
     def kernel(self) -> str:
         return f"flash_bwd{self.number}"
 
     def runs_on(self, cc: tuple[int, int]) -> bool:
-        """Whether a GPU of compute capability ``cc`` (major, minor) has its instructions."""
-        return cc >= self.min_cc
+        """Whether a GPU of compute capability ``cc`` (major, minor) has its instructions: an
+        architecture-specific version (``arch``) runs on that compute capability alone."""
+        return cc == self.min_cc if self.arch else cc >= self.min_cc
+
+    def nvrtc_options(self) -> tuple[str, ...]:
+        """Options beyond the common ones: the architecture-specific target, if any."""
+        return (f"-arch={self.arch}",) if self.arch else ()
 
     @property
     def path(self) -> Path:
         return KERNEL_DIR / self.file
+
+    def dq_adds(self, Nk: int) -> int:
+        """Float32 additions into each element of dQacc for ``Nk`` keys (0 without atomics):
+        the number of terms whose order varies from run to run."""
+        if self.deterministic_dq:
+            return 0
+        return -(-Nk // self.Bc) * self.dq_adds_per_tile
 
     @property
     def dq_kernel(self) -> str | None:
@@ -68,7 +87,11 @@ class BwdVersion:
     def smem_bytes(self, d: int) -> int:
         """Dynamic shared memory of the main kernel, matching the layout in the .cu file:
         lse and D of two query tiles (fp32), dS^T (Bc, Br + 8) where dQ is added by atomics,
-        K_j and V_j (Bc, d + 8), two buffers each of Q_i and dO_i (Br, d + 8), 16-bit."""
+        K_j and V_j (Bc, d + 8), two buffers each of Q_i and dO_i (Br, d + 8), 16-bit. A TMA
+        version's tiles are unpadded (the 128-byte swizzle), its dS^T has two buffers, and
+        1024 bytes align the first tile (lse and D are in static shared memory there)."""
+        if self.tma:  # K_j, V_j (Bc, d); 2 stages of Q_i, dO_i (Br, d); dS^T (2, Bc, Br)
+            return 2 * (2 * self.Bc * d + 4 * self.Br * d + 2 * self.Bc * self.Br) + 1024
         row = d + 8
         dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
         return 4 * 4 * self.Br + 2 * (dS + 2 * self.Bc * row + 4 * self.Br * row)
@@ -116,6 +139,13 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "d = 64 (two at d = 128): more warps per scheduler, twice the dQ atomics",
                    "bwd7_bc64_occupancy.cu", Bc=64, Br=64, threads=128, deterministic_dq=False,
                    blocks_per_sm=((64, 3), (128, 2))),
+        BwdVersion(8, "wgmma",
+                   "FlashAttention-3's backward on sm_90a: a producer warpgroup (TMA ring of "
+                   "Q_i, dO_i; lse, D by plain loads), 2 consumer warpgroups of 64 keys (Bc = "
+                   "128), all five products by wgmma, dS^T from shared memory as a transposed "
+                   "A, dQ by red.global.add.v4",
+                   "bwd8_wgmma.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2),
     )
 }  # fmt: skip
 
