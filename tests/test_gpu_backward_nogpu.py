@@ -105,11 +105,17 @@ def test_backward_registry_is_complete():
             assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
         assert '#include "' not in ver.source()  # headers pasted in, as NVRTC is given it
-        defines = dict(re.findall(r"^#define (NWARPS|Br|Bc) (.+?)\s+//", text, re.MULTILINE))
-        nwarps = int(defines["NWARPS"])
-        assert ver.threads == 32 * nwarps, "threads in the registry and the .cu file differ"
-        per_warp = re.fullmatch(r"\(NWARPS \* (\d+)\)", defines["Bc"])  # keys per warp
-        Bc = nwarps * int(per_warp[1]) if per_warp else int(defines["Bc"])
+        defines = dict(re.findall(r"^#define (NWARPS|NWG|Br|Bc) (.+?)\s+//", text, re.MULTILINE))
+        if ver.arch:  # warpgroups: a producer and NWG consumers of 64 keys each
+            nwg = int(defines["NWG"])
+            assert ver.threads == 128 * (nwg + 1), "threads in the registry and the .cu differ"
+            assert defines["Bc"] == "(NWG * 64)", defines["Bc"]
+            Bc = 64 * nwg
+        else:
+            nwarps = int(defines["NWARPS"])
+            assert ver.threads == 32 * nwarps, "threads in the registry and the .cu file differ"
+            per_warp = re.fullmatch(r"\(NWARPS \* (\d+)\)", defines["Bc"])  # keys per warp
+            Bc = nwarps * int(per_warp[1]) if per_warp else int(defines["Bc"])
         assert (ver.Br, ver.Bc) == (int(defines["Br"]), Bc), "tiles in the registry and .cu differ"
         for d, blocks in ver.blocks_per_sm:  # a promise per supported head dim, once each
             assert d in ver.head_dims and blocks >= 1, (ver.number, ver.blocks_per_sm)
@@ -151,8 +157,75 @@ def test_backward_versions_answer_the_capability_check():
     from flashref.gpu import BWD_VERSIONS
 
     for ver in BWD_VERSIONS.values():
-        assert ver.arch is None
-        assert ver.runs_on((9, 0)) and ver.runs_on((8, 0)) and not ver.runs_on((7, 5))
+        if ver.arch:  # built for one architecture: that compute capability alone
+            assert ver.arch == "sm_90a" and ver.min_cc == (9, 0), (ver.number, ver.arch)
+            assert ver.runs_on((9, 0)) and not ver.runs_on((10, 0)) and not ver.runs_on((8, 9))
+        else:
+            assert ver.runs_on((9, 0)) and ver.runs_on((8, 0)) and not ver.runs_on((7, 5))
+            assert ver.nvrtc_options() == () and not ver.tma
+
+
+def _fake_cp(cc: str, name: bytes):
+    """A stand-in for CuPy that answers _check_capability's two questions."""
+    import types
+
+    device = types.SimpleNamespace(compute_capability=cc, id=0)
+    cuda = types.SimpleNamespace(
+        Device=lambda *a: device,
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": name}),
+    )
+    return types.SimpleNamespace(cuda=cuda)
+
+
+def test_wgmma_backward_registry_entry():
+    """Backward version 8: sm_90a and TMA, a producer and two consumer warpgroups, Bc = 128 keys,
+    query tiles of 64, dQ by atomics; its shared memory is the .cu file's layout."""
+    ver = fg.BWD_VERSIONS[8]
+    assert (ver.name, ver.file, ver.kernel) == ("wgmma", "bwd8_wgmma.cu", "flash_bwd8")
+    assert ver.arch == "sm_90a" and ver.tma and ver.nvrtc_options() == ("-arch=sm_90a",)
+    assert (ver.Bc, ver.Br, ver.threads) == (128, 64, 384) and not ver.deterministic_dq
+    # each consumer warpgroup adds its 64 keys' share of dQ: two additions per key tile
+    assert ver.dq_adds(1000) == 2 * 8 and ver.dq_adds(1) == 2
+    assert fg.BWD_VERSIONS[7].dq_adds(1000) == 16 and fg.BWD_VERSIONS[2].dq_adds(1000) == 0
+    assert len(re.findall(r"red_add_v4\(", ver.path.read_text())) == 1  # in the consumers' loop
+    assert ver.head_dims == (64, 128) and ver.dtypes == ("float16", "bfloat16")
+    # K_j, V_j (128, d); two stages of Q_i, dO_i (64, d); dS^T two buffers of (128, 64);
+    # 16-bit, unpadded, + 1024 bytes to align the first tile
+    for d in (64, 128):
+        assert ver.smem_bytes(d) == 2 * (2 * 128 * d + 4 * 64 * d + 2 * 128 * 64) + 1024
+    assert ver.smem_bytes(128) + 1024 + 2 * 2 * 64 * 4 + 40 <= 227 * 1024  # with static smem
+    from flashref.gpu.bwd_versions import BWD_PREFERENCE
+
+    assert 8 not in BWD_PREFERENCE.values()  # the default is chosen from a recorded run
+
+
+def test_wgmma_backward_refuses_other_gpus_by_name():
+    """On compute capability 10.0 or 8.0, version 8 stops with the reason before any work; on
+    9.0 it passes, and an mma.sync version passes everywhere from 8.0."""
+    ver = fg.BWD_VERSIONS[8]
+    for cc, name, shown in (("100", b"B200", "10.0"), ("80", b"A100", "8.0")):
+        with pytest.raises(RuntimeError, match=rf"backward version 8 \(wgmma\) is built for "
+                           rf"sm_90a and needs compute capability 9\.0 exactly; this GPU "
+                           rf"\({name.decode()}\) has {re.escape(shown)}"):  # fmt: skip
+            fg._check_capability(_fake_cp(cc, name), ver)
+    fg._check_capability(_fake_cp("90", b"H200"), ver)
+    fg._check_capability(_fake_cp("100", b"B200"), fg.BWD_VERSIONS[7])
+    with pytest.raises(RuntimeError, match=r"backward version 7 \(bc64_occupancy\) needs "
+                                           r"compute capability 8\.0 or higher"):  # fmt: skip
+        fg._check_capability(_fake_cp("75", b"T4"), fg.BWD_VERSIONS[7])
+
+
+def test_wgmma_backward_argument_errors_come_before_the_gpu(no_cupy):
+    """version=8 goes through the same checks as every version: a bad argument is named before
+    the GPU (or its compute capability) is looked at; good ones reach the missing CuPy."""
+    args = _args(d=128)
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        fg.flash_attention_backward(*args, causal=True, version=8)
+    with pytest.raises(ValueError, match="q has head dim d=96; backward version 8 supports d "
+                                         "in 64, 128"):  # fmt: skip
+        fg.flash_attention_backward(*_args(d=96), version=8)
+    with pytest.raises(TypeError, match="q has dtype float32; flash_attention_backward supports"):
+        fg.flash_attention_backward(*_args(dtype="float32"), version=8)
 
 
 def test_backward_profile_plan_is_every_version_at_both_head_dims():
@@ -266,3 +339,25 @@ def test_default_backward_versions_are_the_fastest_in_the_recorded_run():
     for key, by_version in tflops.items():
         medians = {v: statistics.median(t) for v, t in by_version.items()}
         assert BWD_PREFERENCE[key] == max(medians, key=medians.get), (key, medians)
+
+
+def test_wgmma_backward_tensor_maps_in_the_kernels_order(monkeypatch):
+    """launch_backward passes version 8 the maps of Q, K, V, dO (boxes of Br, Bc, Bc, Br rows
+    over (B*H*N, d) views) in the order of the kernel's parameters after ``causal``."""
+    import sys
+    import types
+
+    from flashref.gpu.backward import _tma_maps
+
+    made = []
+    fake = types.ModuleType("flashref.gpu._launch")
+    fake.tensor_map_of = lambda x2, box_rows: made.append((x2.shape, box_rows)) or len(made)
+    monkeypatch.setitem(sys.modules, "flashref.gpu._launch", fake)
+    ver = fg.BWD_VERSIONS[8]
+    q, k = np.zeros((6, 100, 64)), np.zeros((6, 37, 64))
+    assert _tma_maps(ver, q, k, k + 1, q + 1, 64) == (1, 2, 3, 4)
+    assert made == [((600, 64), 64), ((222, 64), 128), ((222, 64), 128), ((600, 64), 64)]
+    text = ver.path.read_text()
+    params = re.findall(r"const __grid_constant__ TensorMap (\w+)", text)
+    assert params == ["qmap", "kmap", "vmap", "domap"], params
+    assert re.search(r"int Nq, int Nk, float scale, int causal,\s+const __grid_constant__", text)

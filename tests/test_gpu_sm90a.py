@@ -166,6 +166,13 @@ def _run_child(number: int, dtype: str, d: int) -> tuple[dict, str]:
     """{case key: result} of one child process, and what went wrong with it ('' if nothing)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), str(number), dtype, str(d)]
     timeout = TIMEOUT_S * (2 if VERSIONS[number].persistent else 1)  # its cases run twice
+    return run_child(cmd, timeout)
+
+
+def run_child(cmd: list[str], timeout: float) -> tuple[dict, str]:
+    """Run ``cmd`` (a child printing one JSON line per case, its key under "case") with a
+    timeout: {case key: result}, and what went wrong ('' if nothing). tests/test_gpu_bwd_sm90a.py
+    runs the sm_90a backward versions through it too."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
         out, err, trouble = proc.stdout, proc.stderr, "" if proc.returncode == 0 else (
