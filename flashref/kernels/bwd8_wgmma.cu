@@ -232,7 +232,8 @@ flash_bwd8(const half_t* __restrict__ Q,     // (B*H, Nq, D), read through qmap
         const float* D_s = D_s_[st];
 
         // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: two commit groups
-        float s[Br / 2], dp[Br / 2];  // s[4 j + e]: key 16 warp + g + 8 (e / 2), query 8 j + 2 t + e % 2
+        // s[4 j + e], dp[4 j + e]: key 16 warp + g + 8 (e / 2), query 8 j + 2 t + e % 2
+        float s[Br / 2], dp[Br / 2];
         __syncwarp();
         wgmma_fence();
         kmajor_issue(s, Kw, Qs);
@@ -262,7 +263,8 @@ flash_bwd8(const half_t* __restrict__ Q,     // (B*H, Nq, D), read through qmap
 #pragma unroll
         for (int j = 0; j < Br / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - D_s[8 * j + 2 * t + (e & 1)]);
+            for (int e = 0; e < 4; e++)
+                dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - D_s[8 * j + 2 * t + (e & 1)]);
 
         u32 pa[Br / 16][4], dsa[Br / 16][4];  // P^T, dS^T as A fragments
         pack_a(pa, s);

@@ -64,11 +64,11 @@ __device__ __forceinline__ u64 desc_kmajor_sw128(u32 tile, int kstep)
 }
 
 // MN-major B operand (V of O = P V, stored as V[key][d]: rows of 64 d along n, 128 bytes,
-// swizzled), read with imm-trans-b = 1; the same descriptor serves an MN-major A (read with
-// imm-trans-a = 1, m in place of n: dS^T[key][query] of the backward's dQ = dS K). One instruction reads 16 keys: two groups of 8 rows,
+// swizzled), read with imm-trans-b = 1. One instruction reads 16 keys: two groups of 8 rows,
 // SBO = 1024 bytes apart; LBO = the bytes from one 64-wide block of n to the next (d = 128 is
 // two TMA boxes of 64 columns, lbo = 64 * 64 * 2 = 8192). The kk-th 16-key slice starts
-// 16 * 128 = 2048 kk bytes after the tile.
+// 16 * 128 = 2048 kk bytes after the tile. The same descriptor serves an MN-major A, read
+// with imm-trans-a = 1, m in place of n (dS^T[key][query] of the backward's dQ = dS K).
 __device__ __forceinline__ u64 desc_mnmajor_sw128(u32 tile, int kstep, u32 lbo)
 {
     return desc_sw128(tile + 2048 * kstep, lbo, 1024);
@@ -127,15 +127,18 @@ template <int TRANS_B, int TRANS_A = 0>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16" WG_TYPES WG_D32 ", %32, %33, p, 1, 1, %36, %35;\n}\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16" WG_TYPES WG_D32
+                 ", %32, %33, p, 1, 1, %36, %35;\n}\n"
                  : WG_ACC32(0) : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B), "n"(TRANS_A));
 }
 template <int TRANS_B, int TRANS_A = 0>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], u64 da, u64 db, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16" WG_TYPES WG_D64 ", %64, %65, p, 1, 1, %68, %67;\n}\n"
-                 : WG_ACC32(0), WG_ACC32(32) : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B), "n"(TRANS_A));
+                 "wgmma.mma_async.sync.aligned.m64n128k16" WG_TYPES WG_D64
+                 ", %64, %65, p, 1, 1, %68, %67;\n}\n"
+                 : WG_ACC32(0), WG_ACC32(32)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B), "n"(TRANS_A));
 }
 
 // RS: A from registers a0..a3 (layout above), B from shared memory (descriptor db)
