@@ -20,7 +20,10 @@
 //     wgmma with A = dS read through a transposed (MN-major) descriptor: no ldmatrix.trans.
 //     Each consumer adds its own 64 keys' share of dQ_i with red.global.add.v4 (version 5's
 //     exchange between lane pairs), so no barrier joins the two consumers: dQ gets one atomic
-//     per element per 64 keys, version 7's count.
+//     per element per 64 keys, version 7's count;
+//   * registers: a consumer holds dK_w and dV_w (64 x D each) for the whole block, S^T and
+//     dP^T (64 x Br each) per tile; dQ_i's product runs one 64-column box of K_w at a time
+//     (twice at d = 128), so its accumulator is 64 x 64 beside them.
 //
 // Layouts of the products, per consumer warpgroup (keys kw0 .. kw0 + 63 of the block):
 //   S^T  (64 keys x Br queries) = K_w Q_i^T    SS: A = K_w K-major (rows of K along d),
@@ -34,7 +37,10 @@
 // The accumulators have the mma.sync C layout per 8 columns (hopper_common.cuh), so the
 // element (key, query) a thread holds, the masks, and the dQ exchange are version 7's.
 // Causal: query tiles wholly before key tile j are never loaded; a consumer whose 64 keys all
-// follow the tile's last query waits for the tile and releases it without computing.
+// follow the tile's last query waits for the tile and releases it without computing. Ragged N:
+// a box that runs past a head's last row reads the next head's rows (zeros past the tensor);
+// their P is 0 (lse = +inf for such queries, the key mask for such keys), and no dQ, dK or dV
+// row past Nq or Nk is written.
 //
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d> (and -DFLASHREF_BF16 for
 // bfloat16 inputs); the caller passes the tensor maps of Q, dO (box 64 x 64) and K, V (box
