@@ -195,7 +195,7 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
 
     d = cfg.d_model // cfg.n_heads  # what version=None runs here for the model's attention
     versions = {"forward": _check_version(None, dtype, d, True, _device_cc(cupy)).number,
-                "backward": _check_bwd_version(None, dtype, d, True).number}  # fmt: skip
+                "backward": _check_bwd_version(None, dtype, d, True, _device_cc(cupy)).number}  # fmt: skip
 
     return {
         "gpu": dev.name,

@@ -229,7 +229,11 @@ def test_after_flashref_forward(cp, dtype, causal):
     O, lse = flash_attention(gq, gk, gv, causal=causal, return_lse=True)
     got = [cp.asnumpy(x) for x in flash_attention_backward(gq, gk, gv, O, lse, gdo, causal=causal)]
     errs = _rel_errs(got, ref)
-    Tc = -(-257 // min(v.Bc for v in _versions()))  # an upper bound for the default version
+    from flashref.gpu import _device_cc
+    from flashref.gpu.backward import _check_bwd_version
+
+    default = _check_bwd_version(None, dtype, 64, causal, _device_cc(cp))  # what ran above
+    Tc = default.dq_adds(257)  # dQ's float32 additions per element in that version
     naive = _naive_same_precision(cp, gq, gk, gv, cp.asarray(o64), gdo, causal, 0.125)
     for name, err, n_err in zip(("dq", "dk", "dv"), errs, _rel_errs(naive, ref), strict=True):
         tol = backward_tolerance(dtype, n_err, Tc if name == "dq" else 0)
@@ -257,6 +261,25 @@ def test_public_api_cupy_and_torch(cp, dtype):
         assert cp.asnumpy(a).tobytes() == cp.asnumpy(cp.from_dlpack(b)).tobytes(), name
     with pytest.raises(TypeError, match="q is a torch tensor on cpu"):
         flash_attention_backward(targs[0].cpu(), *targs[1:])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_is_the_table_of_this_gpu(cp, d, causal):
+    """version=None runs this GPU's default (on an H200 backward version 8): dK and dV are
+    the same bits as that version's by number, and all three within the ceiling."""
+    from flashref.gpu import _device_cc, flash_attention_backward
+    from flashref.gpu.bwd_versions import default_bwd_version
+
+    number = default_bwd_version("float16", d, causal, _device_cc(cp))
+    inputs, ref = _case("float16", (2, 2), 300, 300, d, causal)
+    args = [cp.asarray(x) for x in inputs]
+    out = flash_attention_backward(*args, causal=causal)
+    out_n = flash_attention_backward(*args, causal=causal, version=number)
+    for name, a, b in zip(("dk", "dv"), out[1:], out_n[1:], strict=True):
+        assert cp.asnumpy(a).tobytes() == cp.asnumpy(b).tobytes(), f"{name}: not bwd{number}"
+    errs = _rel_errs([cp.asnumpy(x) for x in out], ref)
+    assert max(errs) <= BWD_CEILING["float16"], errs
 
 
 def test_negative_scale_transposed_views_and_empty(cp):

@@ -320,13 +320,15 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
 
 
 def test_default_backward_versions_are_the_fastest_in_the_recorded_run():
-    """BWD_PREFERENCE says what results/gpu_backward.json says: per (dtype, d, causal), the
-    backward version with the highest median TFLOP/s over the recorded sequence lengths."""
+    """The default tables say what results/gpu_backward.json says: per (dtype, d, causal), the
+    backward version with the highest median TFLOP/s over the recorded sequence lengths, among
+    every version for compute capability 9.0 (BWD_HOPPER_PREFERENCE) and among the versions
+    not built for sm_90a for every other GPU (BWD_PREFERENCE)."""
     import json
     import statistics
     from pathlib import Path
 
-    from flashref.gpu.bwd_versions import BWD_PREFERENCE
+    from flashref.gpu.bwd_versions import BWD_HOPPER_PREFERENCE, BWD_PREFERENCE, BWD_VERSIONS
 
     path = Path(__file__).parent.parent / "results" / "gpu_backward.json"
     rows = json.loads(path.read_text())["rows"]
@@ -335,10 +337,27 @@ def test_default_backward_versions_are_the_fastest_in_the_recorded_run():
         if r["impl"] == "flashref" and r["direction"] == "backward" and r["tflops"]:
             key = (r["dtype"], r["d"], r["causal"])
             tflops.setdefault(key, {}).setdefault(r["version"], []).append(r["tflops"])
-    assert set(tflops) == set(BWD_PREFERENCE), "the recorded run and the table cover other cases"
+    assert set(tflops) == set(BWD_PREFERENCE) == set(BWD_HOPPER_PREFERENCE), "other cases"
     for key, by_version in tflops.items():
         medians = {v: statistics.median(t) for v, t in by_version.items()}
-        assert BWD_PREFERENCE[key] == max(medians, key=medians.get), (key, medians)
+        assert BWD_HOPPER_PREFERENCE[key] == max(medians, key=medians.get), (key, medians)
+        anywhere = {v: m for v, m in medians.items() if not BWD_VERSIONS[v].arch}
+        assert BWD_PREFERENCE[key] == max(anywhere, key=anywhere.get), (key, anywhere)
+
+
+def test_default_backward_version_depends_on_the_compute_capability():
+    from flashref.gpu.backward import _check_bwd_version
+    from flashref.gpu.bwd_versions import BWD_HOPPER_PREFERENCE, BWD_PREFERENCE, BWD_VERSIONS
+
+    for (dtype, d, causal), number in BWD_HOPPER_PREFERENCE.items():
+        ver = _check_bwd_version(None, dtype, d, causal, (9, 0))
+        assert ver.number == number and ver.runs_on((9, 0))
+        for cc in ((8, 0), (8, 9), (10, 0), None):
+            other = _check_bwd_version(None, dtype, d, causal, cc)
+            assert other.number == BWD_PREFERENCE[dtype, d, causal]
+            assert not BWD_VERSIONS[other.number].arch  # runs on any of them
+    with pytest.raises(ValueError, match="head dim d=96"):
+        _check_bwd_version(None, "float16", 96, False, (9, 0))
 
 
 def test_wgmma_backward_tensor_maps_in_the_kernels_order(monkeypatch):

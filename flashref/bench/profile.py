@@ -69,6 +69,9 @@ NCU_METRICS = (
 # the backward's extra counters: dQ's float32 reductions (red.global) at L2 and L1, and the
 # warps per scheduler (active, eligible); filtered by what this ncu lists (available_metrics)
 BWD_METRICS = (
+    # the tensor pipe with wgmma (HGMMA) counted, and wgmma instructions: backward version 8
+    "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum",
     "lts__t_sectors_op_red.sum",
     "lts__t_requests_op_red.sum",
     "l1tex__t_requests_pipe_lsu_mem_global_op_red.sum",

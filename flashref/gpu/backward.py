@@ -25,11 +25,11 @@ import numpy as np
 
 from . import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
 from .bwd_versions import (
-    BWD_PREFERENCE,
     BWD_VERSIONS,
     CONVERT_THREADS,
     PRE_THREADS,
     BwdVersion,
+    default_bwd_version,
     pre_post_source,
 )
 
@@ -78,10 +78,12 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
     return dtype, d, scale, _check_bwd_version(version, dtype, d, bool(causal)), G
 
 
-def _check_bwd_version(version, dtype: str, d: int, causal: bool = False) -> BwdVersion:
+def _check_bwd_version(version, dtype: str, d: int, causal: bool = False, cc=None) -> BwdVersion:
+    """``version`` checked against the dtype and d, or for None the default of a GPU of
+    compute capability ``cc`` (``default_bwd_version``; None: any GPU's table)."""
     if version is None:
         # an unsupported d has no entry: version 1's check below names the head dims
-        ver = BWD_VERSIONS[BWD_PREFERENCE.get((dtype, d, causal), 1)]
+        ver = BWD_VERSIONS[default_bwd_version(dtype, d, causal, cc) or 1]
     elif isinstance(version, bool) or not isinstance(version, numbers.Integral):
         raise TypeError(f"version must be an int or None, got {type(version).__name__}")
     elif version not in BWD_VERSIONS:
@@ -238,8 +240,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     q, k, v, o, lse, do = (
         _to_cupy(cp, x, n) for n, x in zip(names, (q, k, v, o, lse, do), strict=True)
     )
-    from . import _check_capability
+    from . import _check_capability, _device_cc
 
+    if version is None:  # this GPU's default (BWD_HOPPER_PREFERENCE on compute capability 9.0)
+        ver = _check_bwd_version(None, dtype, d, causal, _device_cc(cp))
     _check_capability(cp, ver)
     dq = cp.empty(q.shape, dtype=q.dtype)
     dk = cp.empty(k.shape, dtype=q.dtype)

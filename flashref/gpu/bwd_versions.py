@@ -150,14 +150,24 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 }  # fmt: skip
 
 # version=None picks, for each (dtype, d, causal), the backward version with the highest median
-# TFLOP/s over the sequence lengths of the recorded run, results/gpu_backward.json (a test
-# checks that this table says what the file says).
+# TFLOP/s over the sequence lengths of the recorded run, results/gpu_backward.json: on
+# compute capability 9.0 among every version (BWD_HOPPER_PREFERENCE), on any other GPU among
+# those that run there, the ones not built for sm_90a (BWD_PREFERENCE). A test checks both
+# tables against the file.
 BWD_PREFERENCE = {
     ("float16", 64, False): 2, ("float16", 64, True): 2,
-    ("float16", 128, False): 4, ("float16", 128, True): 4,
+    ("float16", 128, False): 6, ("float16", 128, True): 4,
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
-    ("bfloat16", 128, False): 4, ("bfloat16", 128, True): 4,
+    ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 6,
 }  # fmt: skip
+BWD_HOPPER_PREFERENCE = {key: 8 for key in BWD_PREFERENCE}
+
+
+def default_bwd_version(dtype: str, d: int, causal: bool, cc=None) -> int | None:
+    """The backward version ``version=None`` runs on a GPU of compute capability ``cc``
+    (None: any GPU's table), or None when no version takes that dtype and d."""
+    table = BWD_HOPPER_PREFERENCE if cc is not None and tuple(cc) == (9, 0) else BWD_PREFERENCE
+    return table.get((dtype, d, causal))
 
 
 def _registered(number, name: str) -> BwdVersion:
