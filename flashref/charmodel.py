@@ -194,8 +194,9 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
     from .gpu.backward import _check_bwd_version
 
     d = cfg.d_model // cfg.n_heads  # what version=None runs here for the model's attention
-    versions = {"forward": _check_version(None, dtype, d, True, _device_cc(cupy)).number,
-                "backward": _check_bwd_version(None, dtype, d, True, _device_cc(cupy)).number}  # fmt: skip
+    cc = _device_cc(cupy)
+    versions = {"forward": _check_version(None, dtype, d, True, cc).number,
+                "backward": _check_bwd_version(None, dtype, d, True, cc).number}  # fmt: skip
 
     return {
         "gpu": dev.name,
