@@ -85,8 +85,15 @@ __device__ __forceinline__ u32 tile_chunk(int r, int c)
     return (c / BOX) * BOX_BYTES + r * 128 + ((((c % BOX) >> 3) ^ (r & 7)) << 4);
 }
 
+// Version 6 includes this file with V5_KERNEL (its own name for the kernel) and
+// V5_PARTIALS_ONLY defined: the same split kernel without the counters, ending when its
+// partials (or, at S = 1, O and lse) are written; its own combine kernel merges them.
+#ifndef V5_KERNEL
+#define V5_KERNEL decode_split_kv_v5
+#endif
+
 extern "C" __global__ void __launch_bounds__(NTHREADS5, BLOCKS)
-decode_split_kv_v5(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
+V5_KERNEL(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
                    const half_t* __restrict__ K,   // (num_pages, Hkv, page_size, D): via kmap
                    const half_t* __restrict__ V,   // (num_pages, Hkv, page_size, D): via vmap
                    const int* __restrict__ block_table,  // (B, max_pages), or null: contiguous
@@ -96,7 +103,9 @@ decode_split_kv_v5(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
                    float* __restrict__ O_part,     // (B, Hq, Nq, S, D), written when S > 1
                    float* __restrict__ lse_part,   // (B, Hq, Nq, S), written when S > 1
                    int Hq, int Hkv, int Nq, int page_size, int max_pages, float scale, int causal,
+#ifndef V5_PARTIALS_ONLY
                    unsigned* __restrict__ counters,  // (B, gridDim.y), 0 before and after
+#endif
                    const __grid_constant__ TensorMap kmap,  // K as (num_pages Hkv page_size, D)
                    const __grid_constant__ TensorMap vmap)  // V, the same
 {
@@ -269,5 +278,7 @@ decode_split_kv_v5(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
 
     merge_warps_v2((float*)((char*)smem5_ + (ring - smem_u32(smem5_))), o, m, l, warp, NTHREADS5,
                    row0, M, qrow0, split, S, sl2, scale, O, lse, O_part, lse_part);
+#ifndef V5_PARTIALS_ONLY
     merge_if_last_split(O_part, lse_part, O, lse, Hq, Hkv, Nq, counters);
+#endif
 }
