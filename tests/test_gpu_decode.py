@@ -36,7 +36,7 @@ def cp():
 
 @pytest.fixture(autouse=True)
 def _sm90a_only(request, cp):
-    """Version 5 (sm_90a) runs on compute capability 9.0 only: skipped elsewhere, with why."""
+    """Versions 5 and 6 (sm_90a) run on compute capability 9.0 only: skipped elsewhere, with why."""
     spec = getattr(request.node, "callspec", None)
     version = spec.params.get("version") if spec else None
     if version in SM90A_VERSIONS:
@@ -270,13 +270,15 @@ def _naive_paged(cp, cache, seqs, q, dtype, causal):
 @pytest.mark.parametrize("version", DECODE_VERSIONS, ids=VERSION_IDS)
 def test_paged_matches_paged_attention(cp, version, Hq, Hkv, Nq, dtype, d, page_size, causal):
     """page_size 16 and 64: version 2 reads the table once per 16 keys; 100: once per key.
-    Version 5 takes page sizes that are multiples of 64 only, and refuses the others."""
+    Versions 5 and 6 take page sizes that are multiples of 64 only, and refuse the others."""
     from flashref.gpu import paged_decode_attention
 
     if version in SM90A_VERSIONS and page_size % BC:
         q = np.zeros((2, Hq, Nq, d), dtype=_host(dtype))  # refused before any GPU work
         kp = np.zeros((4, Hkv, page_size, d), dtype=_host(dtype))
-        with pytest.raises(ValueError, match=rf"page_size is {page_size}; decode version 5"):
+        with pytest.raises(
+            ValueError, match=rf"page_size is {page_size}; decode version {version}"
+        ):
             paged_decode_attention(q, kp, kp, np.zeros((2, 1), np.int32), [1, 1], version=version)
         return
 
@@ -303,7 +305,7 @@ def test_cache_convenience_and_host_tables(cp, version):
     """A PagedKVCache with its pools on the GPU; the block table straight from block_table()."""
     from flashref.gpu import cache_decode_attention
 
-    ps = BC if version in SM90A_VERSIONS else 32  # version 5 takes multiples of 64
+    ps = BC if version in SM90A_VERSIONS else 32  # versions 5, 6 take multiples of 64
     cache, seqs, _, _, _, _ = _paged_case("float16", ps, 2, 64, [70, 5, 0], 0)
     q = _rng("conv").standard_normal((3, 4, 2, 64)).astype(np.float16)
     ref, ref_lse = paged_attention(q.astype(np.float64), cache, seqs, return_lse=True)
@@ -337,6 +339,48 @@ def test_same_inputs_same_bits(cp, version, dtype):
         O2, lse2 = decode_attention(q, k, v, **kw)
         assert cp.asnumpy(O1).tobytes() == cp.asnumpy(O2).tobytes(), f"v{version}: O differs, {S=}"
         assert cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes(), f"v{version}: lse, {S=}"
+
+
+def _first_difference(a, b) -> str:
+    """Where two arrays of one shape first differ, and by how much at most (NaN-aware)."""
+    a, b = np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)
+    differ = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+    where = tuple(int(x) for x in np.argwhere(differ)[0])
+    with np.errstate(invalid="ignore"):
+        worst = np.nanmax(np.abs(a - b)[differ])
+    x, y = float(a[where]), float(b[where])
+    return (f"{differ.sum()} elements differ, first at {where}: {x!r} vs {y!r}, "
+            f"largest difference {worst:.3e}")  # fmt: skip
+
+
+@pytest.mark.parametrize("version", [6], ids=["v6"])
+def test_version_6_is_version_5_with_its_merge_moved(cp, version):
+    """Version 6 runs version 5's split kernel and merges with version 3's combine, the merge
+    version 5 runs in its last split block (the same function, the splits in the same order):
+    the same bits as version 5 at one split and at many, contiguous and paged."""
+    from flashref.gpu import decode_attention, paged_decode_attention
+
+    B, Hq, Hkv, Nq, Nk, d = 3, 16, 2, 2, 1024, 128
+    q, k, v = (cp.asarray(x) for x in _inputs("bfloat16", B, Hq, Hkv, Nq, Nk, d, "v6-is-v5"))
+    lengths = cp.asarray(np.array([1024, 333, 0], dtype=np.int32))
+    n = Nk // BC  # pages of 64 keys; sequence b's pages are b, b + B, ...
+    kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, BC, d).transpose(2, 0, 1, 3, 4))
+              .reshape(n * B, Hkv, BC, d) for x in (k, v))  # fmt: skip
+    table = cp.asarray((np.arange(n)[None, :] * B + np.arange(B)[:, None]).astype(np.int32))
+    runs = {
+        "contiguous": functools.partial(decode_attention, q, k, v, lengths=lengths),
+        "paged": functools.partial(paged_decode_attention, q, kp, vp, table, lengths),
+    }
+    for S in (1, 3, 16, None):
+        for what, run in runs.items():
+            O5, lse5 = run(num_splits=S, return_lse=True, version=5)
+            O6, lse6 = run(num_splits=S, return_lse=True, version=version)
+            O5, lse5, O6, lse6 = (cp.asnumpy(x) for x in (O5, lse5, O6, lse6))
+            label = f"v{version} vs v5 {what} B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} splits={S}"
+            assert O6.tobytes() == O5.tobytes(), f"{label}: O: {_first_difference(O6, O5)}"
+            assert lse6.tobytes() == lse5.tobytes(), (
+                f"{label}: lse: {_first_difference(lse6, lse5)}"
+            )
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["v4", "v5"])

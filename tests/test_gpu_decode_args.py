@@ -157,9 +157,9 @@ def test_bench_decode_is_a_target():
 @pytest.mark.parametrize(
     "version,error,match",
     [
-        (6, ValueError, r"version is 6; the decode kernel versions are \[1, 2, 3, 4, 5\]"),
+        (7, ValueError, r"version is 7; the decode kernel versions are \[1, 2, 3, 4, 5, 6\]"),
         (0, ValueError, r"version is 0"),
-        ("2", TypeError, r"version must be an int in \[1, 2, 3, 4, 5\], got '2'"),
+        ("2", TypeError, r"version must be an int in \[1, 2, 3, 4, 5, 6\], got '2'"),
         (True, TypeError, r"version must be an int"),
         (2.0, TypeError, r"version must be an int"),
     ],
@@ -194,10 +194,13 @@ def test_version_2_plan_and_shared_memory():
 
 
 def test_each_version_has_its_own_kernels():
-    """Every version's file defines the kernels VERSIONS names for it."""
+    """Every version's file defines the kernels VERSIONS names for it (version 6 names version
+    5's split kernel through V5_KERNEL; tests/test_kernels_compile.py finds every name among
+    the compiled kernels)."""
     for version, (_, split_name, combine_name) in dec.VERSIONS.items():
         text = dec.source(version)
-        assert f"{split_name}(" in text, version
+        named = re.search(rf"^#define V5_KERNEL {split_name}\b", text, re.M)
+        assert f"{split_name}(" in text or named, version
         assert combine_name is None or f"{combine_name}(" in text, version
     assert dec.source(1) != dec.source(2)
 
@@ -210,6 +213,7 @@ def test_bench_decode_rows_per_version():
     assert bench.impl_names(3) == ("flashref_v3", "flashref_paged_v3")
     assert bench.impl_names(4) == ("flashref_v4", "flashref_paged_v4")
     assert bench.impl_names(5) == ("flashref_v5", "flashref_paged_v5")
+    assert bench.impl_names(6) == ("flashref_v6", "flashref_paged_v6")
     with pytest.raises(SystemExit):
         bench.main(["--versions", "7"])
 
@@ -330,34 +334,63 @@ def test_version_5_plan_shared_memory_and_split_rule():
     assert one.num_splits != fg.decode_plan(2, 32, 8, 8, 32768, 128, 132, version=4).num_splits
 
 
-def test_version_5_refuses_page_sizes_and_other_gpus(no_cupy):
-    """Version 5 reads 64-key tiles from one page: other page sizes are refused before any
-    work, naming page_size (versions 1 to 4 take them); and it needs compute capability 9.0."""
+@pytest.mark.parametrize("version", [5, 6])
+def test_version_5_refuses_page_sizes_and_other_gpus(version, no_cupy):
+    """Versions 5 and 6 read 64-key tiles from one page: other page sizes are refused before
+    any work, naming page_size (versions 1 to 4 take them); and they need compute capability
+    9.0."""
     q = np.zeros((2, 8, 1, 64), np.float16)
     for ps in (16, 48, 100):
         kp = np.zeros((3, 2, ps, 64), np.float16)
-        with pytest.raises(ValueError, match=rf"page_size is {ps}; decode version 5 reads whole "
-                           r"64-key tiles from one page"):  # fmt: skip
-            fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=5)
+        with pytest.raises(ValueError, match=rf"page_size is {ps}; decode version {version} "
+                           r"reads whole 64-key tiles from one page"):  # fmt: skip
+            fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=version)
         with pytest.raises(fg.GPUUnavailableError):  # version 4: the same call reaches the GPU
             fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=4)
     kp = np.zeros((3, 2, 128, 64), np.float16)
     with pytest.raises(fg.GPUUnavailableError):
-        fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=5)
+        fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=version)
     with pytest.raises(fg.GPUUnavailableError):  # any Nk: a contiguous tile is in one sequence
-        fg.decode_attention(*_qkv(Nk=100), version=5)
+        fg.decode_attention(*_qkv(Nk=100), version=version)
     with pytest.raises(
         RuntimeError,
-        match=r"decode version 5 is built for sm_90a .* compute "
+        match=rf"decode version {version} is built for sm_90a .* compute "
         r"capability 9.0 exactly; this GPU \(X\) has compute capability 8.9",
     ):
-        dec.check_device((8, 9), 5, "this GPU (X)")
+        dec.check_device((8, 9), version, "this GPU (X)")
     with pytest.raises(RuntimeError, match=r"has compute capability 10.0"):
-        dec.check_device((10, 0), 5)
-    dec.check_device((9, 0), 5)
+        dec.check_device((10, 0), version)
+    dec.check_device((9, 0), version)
     dec.check_device((8, 0), 4)  # the other versions run anywhere
-    with pytest.raises(ValueError, match=r"holds 2147483648 K/V rows; decode version 5"):
-        dec.check_page_size(64, 2**31, 5, "k_pages")
+    with pytest.raises(ValueError, match=rf"holds 2147483648 K/V rows; decode version {version}"):
+        dec.check_page_size(64, 2**31, version, "k_pages")
+
+
+def test_version_6_is_version_5s_split_kernel_and_version_3s_combine():
+    """Version 6: version 5's text included whole (after the two defines that make its split
+    kernel decode_split_kv_v6 and end it at the partials), version 3's combine kernel by that
+    inclusion (not a copy), and version 5's plan: threads, grid, shared memory, split rule."""
+    file, split6, combine6 = dec.VERSIONS[6]
+    assert (file, split6, combine6) == ("decode_split_kv_v6.cu", "decode_split_kv_v6",
+                                        dec.VERSIONS[3][2])  # fmt: skip
+    text5, text6 = dec.source(5), dec.source(6)
+    head, found, tail = text6.partition(text5)
+    assert found and not tail.strip(), "version 6 is not its defines followed by version 5's text"
+    assert re.search(r"^#define V5_KERNEL decode_split_kv_v6\b", head, re.M), head
+    assert re.search(r"^#define V5_PARTIALS_ONLY\b", head, re.M), head
+    assert text6.count("decode_combine_v3(") == 1 and not re.search(r"^#include", text6, re.M)
+    assert 6 in dec.SM90A_VERSIONS and 6 in dec.MERGE_IN_REGISTERS
+    assert dec.threads(6) == dec.threads(5) == 160
+    for d, tiles in dec.BLOCKS_V5:
+        assert dec.smem_bytes(d, tiles, 6) == dec.smem_bytes(d, tiles, 5), (d, tiles)
+        assert dec.blocks_per_sm(6, d, tiles) == dec.blocks_per_sm(5, d, tiles), (d, tiles)
+    for shape in ((1, 32, 8, 1, 32768, 128, 132), (8, 8, 1, 16, 4096, 64, 132),
+                  (2, 32, 8, 8, 32768, 128, 132), (32, 32, 32, 1, 4096, 128, 132)):  # fmt: skip
+        p5, p6 = fg.decode_plan(*shape, version=5), fg.decode_plan(*shape, version=6)
+        assert p6.version == 6 and (p5.grid, p5.threads, p5.smem_bytes, p5.num_splits) == (
+            p6.grid, p6.threads, p6.smem_bytes, p6.num_splits), shape  # fmt: skip
+    with pytest.raises(ValueError, match="num_splits is 129; decode version 6 merges at most 128"):
+        dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=129, version=6)
 
 
 def test_decode_plan_is_kept_per_shape_and_still_checks_every_argument():

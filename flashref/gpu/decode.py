@@ -19,7 +19,7 @@ The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key ti
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch.
 
-Five kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
+Six kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
 barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
 sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
@@ -34,7 +34,10 @@ waiting for the current one, so its whole ring of copies is in flight while it w
 Version 5 (``decode_split_kv_v5.cu``, sm_90a only) is version 4 with the copies made by TMA:
 a producer warp loads whole 64-key tiles of K and V (boxes of 64 rows x 64 columns, 128-byte
 swizzle) into a ring of ``STAGES_V5`` stages that the 4 consumer warps read; a paged cache
-needs ``page_size`` a multiple of 64 there (a tile then lies in one page).
+needs ``page_size`` a multiple of 64 there (a tile then lies in one page). Version 6
+(``decode_split_kv_v6.cu``, sm_90a only) is version 5's split kernel without the last-block
+merge (no counters: each split block writes its partials and ends) followed by version 3's
+combine kernel, as a second launch; its plan, shared memory and page-size rule are version 5's.
 """
 
 from __future__ import annotations
@@ -70,8 +73,9 @@ VERSIONS = {
     3: ("decode_split_kv_v3.cu", "decode_split_kv_v2", "decode_combine_v3"),  # v2's split kernel
     4: ("decode_split_kv_v4.cu", "decode_split_kv_v4", None),  # v2's split, v3's merge, one launch
     5: ("decode_split_kv_v5.cu", "decode_split_kv_v5", None),  # TMA tiles, v4's merge
+    6: ("decode_split_kv_v6.cu", "decode_split_kv_v6", "decode_combine_v3"),  # v5 split, v3 merge
 }
-MERGE_IN_REGISTERS = (3, 4, 5)  # versions whose merge holds a row's lse in registers
+MERGE_IN_REGISTERS = (3, 4, 5, 6)  # versions whose merge holds a row's lse in registers
 # version=None: on compute capability 9.0 version 5 (TMA; any contiguous cache, page sizes a
 # multiple of its 64-key tile), elsewhere version 3; both from the recorded run
 # (results/gpu_decode.json, on an H200): the version that reaches SDPA cuDNN's bandwidth at
@@ -86,7 +90,7 @@ STAGES_W = {128: 3, 64: 5}  # version 2: sub-tiles per warp ring, by head dim
 NWARPS = 4
 THREADS = 128
 BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
-# version 5: (d, row_tiles) -> ring stages of 64-key (K, V) tiles, and blocks per SM (the
+# versions 5, 6: (d, row_tiles) -> ring stages of 64-key (K, V) tiles, and blocks per SM (the
 # kernel file's STAGES and BLOCKS: at d = 128 with 32 rows, 2 blocks would cap registers at 168)
 STAGES_V5 = {(64, 1): 6, (64, 2): 6, (128, 1): 3, (128, 2): 6}
 BLOCKS_V5 = {(64, 1): 2, (64, 2): 2, (128, 1): 2, (128, 2): 1}
@@ -108,8 +112,8 @@ def check_version(version) -> int | None:
 
 
 def check_splits(num_splits, version: int):
-    """Version 3's merge (versions 3 and 4) holds each row's lse in registers: at most
-    ``MAX_SPLITS`` splits."""
+    """Version 3's merge (versions 3 to 6: ``MERGE_IN_REGISTERS``) holds each row's lse in
+    registers: at most ``MAX_SPLITS`` splits."""
     merges = version is None or version in MERGE_IN_REGISTERS  # both defaults do
     if merges and num_splits is not None and num_splits > MAX_SPLITS:
         which = "the default decode version" if version is None else f"decode version {version}"
@@ -134,7 +138,7 @@ def blocks_per_sm(version: int, d: int, row_tiles: int) -> int:
 
 
 def threads(version: int) -> int:
-    """Threads per block: 4 warps, and version 5's producer warp."""
+    """Threads per block: 4 warps, and the producer warp of versions 5 and 6."""
     return THREADS + 32 * PRODUCER_WARPS_V5 if version in SM90A_VERSIONS else THREADS
 
 
@@ -258,19 +262,19 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     args = (q, K, V, null if bt is None else bt, null if lengths is None else lengths, O, lse,
             O_part, lse_part, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size),
             np.int32(max_pages), np.float32(scale), np.int32(causal))  # fmt: skip
+    maps = ()  # the TMA versions' split kernels (5, 6) take K and V's maps last
+    if plan.version in SM90A_VERSIONS:  # K and V as (rows, d), boxes of BC rows
+        from ._launch import tensor_map_of
+
+        maps = (tensor_map_of(K.reshape(-1, d), BC), tensor_map_of(V.reshape(-1, d), BC))
     if combine_fn is None:  # versions 4, 5: the last split block of each row block merges
         from .decode_counters import counting
 
-        maps = ()
-        if plan.version in SM90A_VERSIONS:  # K and V as (rows, d), boxes of BC rows
-            from ._launch import tensor_map_of
-
-            maps = (tensor_map_of(K.reshape(-1, d), BC), tensor_map_of(V.reshape(-1, d), BC))
         with counting(cp, B * plan.grid[1]) as counters:  # one per (b, blockIdx.y)
             split_fn(plan.grid, (plan.threads,), (*args, counters, *maps),
                      shared_mem=plan.smem_bytes)  # fmt: skip
         return O, lse
-    split_fn(plan.grid, (plan.threads,), args, shared_mem=plan.smem_bytes)
+    split_fn(plan.grid, (plan.threads,), (*args, *maps), shared_mem=plan.smem_bytes)  # no counters
     if part:
         rows = B * Hq * Nq
         combine_fn(
