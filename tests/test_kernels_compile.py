@@ -7,6 +7,7 @@ memory, spills) is printed, so ``pytest -s -m nvcc`` shows it for every version.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 
@@ -109,15 +110,18 @@ def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp
     assert decode.smem_bytes(d, row_tiles, version) * blocks <= 228 * 1024 - blocks * 1024
 
 
+@pytest.mark.parametrize("version", [5, 6], ids=["v5", "v6"])
 @pytest.mark.parametrize("d,row_tiles", [(64, 1), (64, 2), (128, 1), (128, 2)])
-def test_decode_v5_ring_is_the_plans(d, row_tiles, tmp_path):
-    """Version 5's STAGES and BLOCKS (the kernel file's, after the preprocessor) are
-    flashref.gpu.decode's STAGES_V5 and BLOCKS_V5, which its shared memory and split rule use."""
+def test_decode_v5_ring_is_the_plans(version, d, row_tiles, tmp_path):
+    """Version 5's STAGES and BLOCKS (the kernel file's, after the preprocessor; version 6
+    includes it) are flashref.gpu.decode's STAGES_V5 and BLOCKS_V5, which their shared memory
+    and split rule use."""
     from flashref.gpu import decode
 
     probe = tmp_path / "probe.cu"
     probe.write_text(
-        '#include "decode_split_kv_v5.cu"\nint stages_probe = STAGES, blocks_probe = BLOCKS;\n'
+        f'#include "{decode.VERSIONS[version][0]}"\n'
+        "int stages_probe = STAGES, blocks_probe = BLOCKS;\n"
     )
     cmd = ["nvcc", *SM90A, "-E", f"-I{KERNEL_DIR}", *decode.defines(d, row_tiles, "float16")]
     proc = subprocess.run([*cmd, str(probe)], capture_output=True, text=True)
@@ -126,6 +130,146 @@ def test_decode_v5_ring_is_the_plans(d, row_tiles, tmp_path):
     assert got, "probe line not found in the preprocessed text"
     want = (decode.STAGES_V5[(d, row_tiles)], decode.BLOCKS_V5[(d, row_tiles)])
     assert (int(got[1]), int(got[2])) == want, f"d={d} rows={16 * row_tiles}: {got.groups()}"
+
+
+def _kernel_params(text: str, name: str) -> list[str]:
+    """The parameter declarations of kernel ``name`` in preprocessed text (no comments left)."""
+    starts = [m.end() for m in re.finditer(rf"\b{name}\s*\(", text)]
+    assert len(starts) == 1, f"{name}( found {len(starts)} times in the preprocessed text"
+    params, depth, cur = [], 0, ""
+    for ch in text[starts[0] :]:
+        if ch == ")" and depth == 0:
+            break
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            params.append(" ".join(cur.split()))
+            cur = ""
+        else:
+            cur += ch
+    return [*params, " ".join(cur.split())]
+
+
+class _Map:
+    """A stand-in for a TMA descriptor: what tensor_map_of was asked for."""
+
+    def __init__(self, x2, box_rows):
+        self.shape, self.box_rows = x2.shape, box_rows
+
+
+# A pointer parameter's pointee -> the dtype of the array passed for it (fp16 here).
+POINTEE = {"half_t": "float16", "float": "float32", "int": "int32", "unsigned": "uint32"}
+
+
+def _mismatch(param: str, arg, unread: tuple[str, ...] = ()) -> str | None:
+    """Why ``arg`` cannot be what CuPy passes for the kernel parameter ``param``, or None.
+    A pointer named in ``unread`` (the partials at S = 1) is not dereferenced: any array."""
+    import numpy as np
+
+    if "*" in param:
+        pointee = param.split("*")[0].replace("const", "").split()[-1]
+        if isinstance(arg, np.uintp):  # a null pointer (no block table, no lengths)
+            return None if int(arg) == 0 else f"an address {int(arg)}"
+        if not isinstance(arg, np.ndarray):
+            return f"a {type(arg).__name__}, not an array"
+        if param.split()[-1] in unread or str(arg.dtype) == POINTEE[pointee]:
+            return None
+        return f"an array of {arg.dtype}"
+    if "TensorMap" in param:
+        return None if isinstance(arg, _Map) else f"a {type(arg).__name__}, not a tensor map"
+    scalar = {"int": np.int32, "float": np.float32}[param.split()[0]]
+    return None if type(arg) is scalar else f"a {type(arg).__name__}, not {scalar.__name__}"
+
+
+@functools.cache
+def _decode_text(version: int) -> str:
+    """Version ``version``'s text after the preprocessor (d = 64, 16 rows, fp16), as NVRTC
+    sees it: which parameters each kernel has depends on the defines (version 6's do)."""
+    import tempfile
+    from pathlib import Path
+
+    from flashref.gpu import decode
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "decode.cu"
+        src.write_text(decode.source(version))
+        arch = SM90A if version in decode.SM90A_VERSIONS else ["-arch=sm_90"]
+        cmd = ["nvcc", *arch, "-E", *decode.defines(64, 1, "float16"), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("version", sorted(DECODE_VERSIONS), ids=lambda v: f"v{v}")
+def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
+    """flashref.gpu.decode.launch, with NumPy standing in for CuPy and recording kernels, passes
+    every kernel exactly the parameters it declares, in order and of the right kind: versions 4
+    and 5 the counters, versions 5 and 6 K and V's tensor maps (version 6 with a combine
+    kernel and no counters); the combine kernel runs after the split kernel when S > 1 only."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from flashref.gpu import decode, decode_counters
+
+    calls = []
+
+    def kernel(name):
+        def run(grid, block, args, **kw):
+            calls.append((name, grid, block, args, kw))
+
+        return run
+
+    def functions(cp, d, tiles, dtype, smem, v):
+        _, split_name, combine_name = decode.VERSIONS[v]
+        return kernel(split_name), (kernel(combine_name) if combine_name else None)
+
+    fake_launch = types.ModuleType("flashref.gpu._launch")
+    fake_launch._as_kernel_input = lambda x, shape: np.ascontiguousarray(x).reshape(shape)
+    fake_launch.tensor_map_of = _Map
+    device, stream = types.SimpleNamespace(id=0), types.SimpleNamespace(ptr=0)
+    cuda = types.SimpleNamespace(Device=lambda: device, get_current_stream=lambda: stream)
+    cp = types.SimpleNamespace(empty=np.empty, zeros=np.zeros, float32=np.float32,
+                               uint16=np.uint16, uint32=np.uint32, cuda=cuda)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "flashref.gpu._launch", fake_launch)
+    monkeypatch.setattr(decode, "_functions", functions)
+    monkeypatch.setattr(decode_counters, "_buffers", {})  # never the real (GPU) buffers
+
+    text = _decode_text(version)
+    _, split_name, combine_name = decode.VERSIONS[version]
+    B, Hq, Hkv, Nq, Nk, d = 2, 8, 2, 1, 256, 64
+    q = np.zeros((B, Hq, Nq, d), np.float16)
+    k = np.zeros((B, Hkv, Nk, d), np.float16)
+    kp = np.zeros((2 * Nk // 64, Hkv, 64, d), np.float16)  # pages of 64 keys
+    lengths = np.array([Nk, 100], np.int32)
+    table = np.arange(2 * Nk // 64, dtype=np.int32).reshape(B, Nk // 64)
+    for S in (1, 3):
+        plan = decode.decode_plan(B, Hq, Hkv, Nq, Nk, d, 132, num_splits=S, version=version)
+        common = {"Hkv": Hkv, "causal": False, "scale": 0.125, "plan": plan}
+        for what, (K, bt, ps, pages) in {"contiguous": (k, None, Nk, 1),
+                                         "paged": (kp, table, 64, Nk // 64)}.items():  # fmt: skip
+            calls.clear()
+            decode.launch(cp, q, K, K, bt, lengths, page_size=ps, max_pages=pages, **common)
+            names = [c[0] for c in calls]
+            want = [split_name] + ([combine_name] if combine_name and S > 1 else [])
+            assert names == want, f"v{version} {what} S={S}: launched {names}, expected {want}"
+            for name, grid, block, args, kw in calls:
+                params = _kernel_params(text, name)
+                label = f"v{version} {what} S={S} {name}"
+                assert len(args) == len(params), (
+                    f"{label}: {len(args)} arguments for {len(params)} parameters {params}"
+                )
+                unread = ("O_part", "lse_part") if S == 1 else ()  # O and lse stand in for them
+                for i, (param, arg) in enumerate(zip(params, args, strict=True)):
+                    why = _mismatch(param, arg, unread)
+                    assert why is None, f"{label}: argument {i} for '{param}' is {why}"
+                if name == split_name:
+                    assert (grid, block) == (plan.grid, (plan.threads,)), label
+                    assert kw == {"shared_mem": plan.smem_bytes}, label
+            maps = [a for a in calls[0][3] if isinstance(a, _Map)]
+            if version in decode.SM90A_VERSIONS:  # K and V as (rows, d), 64-row boxes
+                rows = K.shape[0] * Hkv * ps
+                assert [(m.shape, m.box_rows) for m in maps] == [((rows, d), decode.BC)] * 2
 
 
 @pytest.mark.parametrize("name", ["roof_hbm_read.cu"])
