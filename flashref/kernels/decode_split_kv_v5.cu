@@ -49,7 +49,8 @@
 //   Shared memory per block: the ring, Q (ROWS, D + 8) and 2 STAGES mbarriers, and 1 KiB to
 //   align the ring to the 1024 bytes the swizzle needs. flashref.gpu.decode's STAGES_V5 and
 //   BLOCKS_V5 are these (a compile test checks it); its split rule counts BLOCKS blocks per SM.
-//   Speed: not measured yet; python -m flashref.bench decode --versions 3 4 5 lists it.
+//   Measured: the recorded run (results/gpu_decode.json), printed by chapter 10; this comment
+//   holds no numbers.
 //
 // sm_90a only (TMA and mbarrier tx counts): flashref.gpu.decode refuses version 5 on another
 // GPU before any work. Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>

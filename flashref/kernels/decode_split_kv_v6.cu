@@ -19,8 +19,8 @@
 //   no longer takes the counters.
 //
 //   Deterministic as versions 3 to 5: the combine reads a row's partials in split order.
-//   Speed: not measured yet; python -m flashref.bench decode --versions 3 5 6 lists it beside
-//   the two versions it is made of (rows flashref_v6, flashref_paged_v6).
+//   Measured: the recorded run (results/gpu_decode.json, rows flashref_v6 and
+//   flashref_paged_v6), printed by chapter 10; this comment holds no numbers.
 //
 // sm_90a only, as version 5 (flashref.gpu.decode refuses it on another GPU, and page sizes
 // that are not a multiple of 64, before any work). Compiled at run time by NVRTC with
