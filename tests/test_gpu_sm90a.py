@@ -208,12 +208,8 @@ def _result(selected, number, dtype, d, key):
     return results[key]
 
 
-@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
-                                                          for c in CASES])  # fmt: skip
-@pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
-def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
-    r = _result(hopper, number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
-    what = f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal}"
+def _check_result(r, what: str, dtype: str) -> None:
+    """A child's result for one case: nothing left NaN, O and lse within their tolerances."""
     assert r["O_nan"] == 0, (
         f"{what}: {r['O_nan']} elements of O are NaN (unwritten?), e.g. {r['worst']}"
     )
@@ -229,6 +225,15 @@ def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
 
 @pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
                                                           for c in CASES])  # fmt: skip
+@pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
+def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
+    r = _result(hopper, number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
+    what = f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal}"
+    _check_result(r, what, dtype)
+
+
+@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
+                                                          for c in CASES])  # fmt: skip
 @pytest.mark.parametrize("number,dtype,d", PERSISTENT,
                          ids=[f"v{n}-{dt}-d{d}" for n, dt, d in PERSISTENT])  # fmt: skip
 def test_sm90a_persistent_few_blocks(hopper, number, dtype, d, lead, Nq, Nk, causal):
@@ -237,15 +242,7 @@ def test_sm90a_persistent_few_blocks(hopper, number, dtype, d, lead, Nq, Nk, cau
     Tr = -(-Nq // VERSIONS[number].Br)
     what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} on "
             f"{FEW_BLOCKS} blocks ({Tr * int(np.prod(lead))} work tiles)")  # fmt: skip
-    assert r["O_nan"] == 0, f"{what}: {r['O_nan']} elements of O are NaN, e.g. {r['worst']}"
-    assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
-    assert r["err"] <= r["tol"], (
-        f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "
-        f"{r['naive_err']:.3e}); largest error at {r['worst']}"
-    )
-    assert r["lse_err"] <= r["lse_tol"], (
-        f"{what}: lse rel err {r['lse_err']:.3e} > {r['lse_tol']:.1e} at {r['lse_worst']}"
-    )
+    _check_result(r, what, dtype)
     rep = _result(hopper, number, dtype, d, json.dumps("repeat_few_blocks"))
     assert rep["O_bits_differ"] == 0 and rep["lse_same"], (
         f"v{number} {FEW_BLOCKS} blocks {REPEAT}: {rep}"
@@ -263,15 +260,7 @@ def test_sm90a_persistent_sections(hopper, number, dtype, d, few):
                                                       list(lead), Nq, Nk, causal]))  # fmt: skip
     what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} "
             f"({'at most ' + str(FEW_BLOCKS) if few else 'one per SM,'} blocks)")  # fmt: skip
-    assert r["O_nan"] == 0, f"{what}: {r['O_nan']} elements of O are NaN, e.g. {r['worst']}"
-    assert r["lse_nan"] == 0, f"{what}: {r['lse_nan']} rows of lse are NaN, e.g. {r['lse_worst']}"
-    assert r["err"] <= r["tol"], (
-        f"{what}: rel err {r['err']:.3e} > tol {r['tol']:.3e} (naive {dtype}: "
-        f"{r['naive_err']:.3e}); largest error at {r['worst']}"
-    )
-    assert r["lse_err"] <= r["lse_tol"], (
-        f"{what}: lse rel err {r['lse_err']:.3e} > {r['lse_tol']:.1e} at {r['lse_worst']}"
-    )
+    _check_result(r, what, dtype)
 
 
 @pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)

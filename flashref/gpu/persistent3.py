@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from .hopper import _int
-from .pingpong import Event, _schedule
+from .pingpong import Event, _schedule, producer_loads
 
 NWG = 3  # consumer warpgroups of version 28
 Tiles3 = list[tuple[int, tuple[int, int, int]]]  # (n_tiles, (n_mine of warpgroup 0, 1, 2)) each
@@ -88,10 +88,5 @@ def run_blocks3(
     ring of ``stages``) until all finish; returns the events in order."""
     tiles = _tiles3(tiles)
     stages = _int(stages, "stages", 1)
-    loads, kv = [], 0
-    for n, (n_tiles, _) in enumerate(tiles):
-        loads.append(("load_q", n))
-        loads += [("load", kv + j) for j in range(n_tiles)]
-        kv += n_tiles
     progs = [iter(program(cw, tiles)) for cw in range(NWG)]
-    return _schedule(progs, loads, stages, f"work tiles {tiles}")
+    return _schedule(progs, producer_loads(tiles), stages, f"work tiles {tiles}")

@@ -271,13 +271,19 @@ def run_blocks(
     until all finish. Raises ScheduleError on a deadlock or a barrier out of balance at exit."""
     tiles = _work_tiles(tiles)
     stages = _int(stages, "stages", 1)
+    progs = [iter(program(cw, tiles)) for cw in (0, 1)]
+    return _schedule(progs, producer_loads(tiles), stages, f"work tiles {tiles}")
+
+
+def producer_loads(tiles) -> list[tuple]:
+    """A persistent block's producer, in order: per work tile ``(n_tiles, split)``, its Q
+    (after the previous tile's free_q), then its K/V tiles numbered by the running count."""
     loads, kv = [], 0
     for n, (n_tiles, _) in enumerate(tiles):
         loads.append(("load_q", n))
         loads += [("load", kv + j) for j in range(n_tiles)]
         kv += n_tiles
-    progs = [iter(program(cw, tiles)) for cw in (0, 1)]
-    return _schedule(progs, loads, stages, f"work tiles {tiles}")
+    return loads
 
 
 def turns(events: list[Event]) -> list[int]:
