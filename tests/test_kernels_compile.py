@@ -210,7 +210,7 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
 
     import numpy as np
 
-    from flashref.gpu import decode, decode_counters
+    from flashref.gpu import decode, decode_counters, decode_workspace
 
     calls = []
 
@@ -234,6 +234,7 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
     monkeypatch.setitem(sys.modules, "flashref.gpu._launch", fake_launch)
     monkeypatch.setattr(decode, "_functions", functions)
     monkeypatch.setattr(decode_counters, "_buffers", {})  # never the real (GPU) buffers
+    monkeypatch.setattr(decode_workspace, "_buffers", {})
 
     text = _decode_text(version)
     _, split_name, combine_name = decode.VERSIONS[version]

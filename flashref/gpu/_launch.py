@@ -30,7 +30,7 @@ DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 # environment variable; None: the SM count alone).
 MAX_PERSISTENT_BLOCKS = max_persistent_blocks(os.environ.get("FLASHREF_MAX_PERSISTENT_BLOCKS"))
 
-_functions: dict[tuple[int, int, str, int], cp.RawKernel] = {}
+_functions: dict[tuple, cp.RawKernel] = {}  # (version, d, dtype or its name, device)
 _device_facts: dict[int, tuple[tuple[int, int], str, int]] = {}
 
 
@@ -51,13 +51,13 @@ def _sm_count() -> int:
     return device_facts()[2]
 
 
-def get_function(ver, d: int, dtype: str | None = None):
+def get_function(ver, d: int, dtype=None):
     """The compiled kernel of version ``ver`` for head dim ``d`` and ``dtype`` on this device."""
-    dtype = dtype or ver.dtype
-    key = (ver.number, d, dtype, cp.cuda.Device().id)
+    dtype = dtype or ver.dtype  # a name or a NumPy dtype: the key holds it as given
+    key = (ver.number, d, dtype, cp.cuda.runtime.getDevice())
     fn = _functions.get(key)
     if fn is None:
-        options = (*NVRTC_OPTIONS, *ver.nvrtc_options(), *ver.defines(d, dtype))
+        options = (*NVRTC_OPTIONS, *ver.nvrtc_options(), *ver.defines(d, str(dtype)))
         module = cp.RawModule(code=ver.source(), options=options)
         fn = module.get_function(ver.kernel)
         smem = ver.smem_bytes(d)
@@ -75,11 +75,12 @@ def tensor_map_of(x2, box_rows: int):
     """The TMA descriptor of the 2-D array ``x2`` with a (box_rows, 64) box, cached.
 
     The descriptor depends only on the address, shape, strides, dtype and box, so a cached
-    one is exactly what a new call would make for the same key.
+    one is exactly what a new call would make for the same key (the dtype object itself is
+    the key: equal NumPy dtypes are the same element type).
     """
     from .hopper import tensor_map
 
-    key = (x2.data.ptr, x2.shape, x2.strides, str(x2.dtype), box_rows, cp.cuda.Device().id)
+    key = (x2.data.ptr, x2.shape, x2.strides, x2.dtype, box_rows, cp.cuda.runtime.getDevice())
     m = _maps.get(key)
     if m is None:
         if len(_maps) >= _MAPS_KEPT:
@@ -96,7 +97,11 @@ def _tma_args(ver, q3, k3, v3, d: int) -> tuple:
 
 
 def _as_kernel_input(x, shape):
-    """C-contiguous, 16-byte aligned (for the 16-byte loads), reshaped to (B*H, N, d)."""
+    """C-contiguous, 16-byte aligned (for the 16-byte loads), reshaped to (B*H, N, d).
+
+    An array that is all three already is returned as it is (a view costs host time)."""
+    if x.flags.c_contiguous and x.data.ptr % 16 == 0:
+        return x if x.shape == tuple(shape) else x.reshape(shape)
     x = cp.ascontiguousarray(x)
     if x.data.ptr % 16:
         x = x.copy()
@@ -126,22 +131,21 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
         scale = -scale
     O3 = O.reshape(BH, Nq, d)  # views: O and lse are contiguous
     lse2 = lse.reshape(BH, Nq)
-    fn = get_function(ver, d, str(q.dtype))
+    fn = get_function(ver, d, q.dtype)
     smem = ver.smem_bytes(d)
     sms = _sm_count() if ver.persistent else 1  # a persistent grid's cap (others: unused)
     if MAX_PERSISTENT_BLOCKS is not None:
         sms = min(sms, MAX_PERSISTENT_BLOCKS)
     for b0 in range(0, BH, MAX_GRID_Y):
         b1 = min(BH, b0 + MAX_GRID_Y)
-        maps = _tma_args(ver, q3[b0:b1], k3[b0:b1], v3[b0:b1], d) if ver.tma else ()
+        chunk = (q3, k3, v3, O3, lse2)  # one chunk covers B*H: the arrays, not slices
+        if (b0, b1) != (0, BH):
+            chunk = tuple(x[b0:b1] for x in chunk)
+        maps = _tma_args(ver, *chunk[:3], d) if ver.tma else ()
         heads = (np.int32(b1 - b0),) if ver.persistent else ()  # the work tiles' B*H
-        fn(
-            ver.grid(Nq, b1 - b0, sms),
-            (ver.threads,),
-            (q3[b0:b1], k3[b0:b1], v3[b0:b1], O3[b0:b1], lse2[b0:b1],
-             np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps, *heads),
-            shared_mem=smem,
-        )  # fmt: skip
+        fn(ver.grid(Nq, b1 - b0, sms), (ver.threads,),
+           (*chunk, np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps, *heads),
+           shared_mem=smem)  # fmt: skip
 
 
 def launch_grouped(ver, q, k, v, O, lse, *, G: int, causal: bool, scale: float) -> None:

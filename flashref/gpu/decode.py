@@ -42,6 +42,7 @@ combine kernel, as a second launch; its plan, shared memory and page-size rule a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_block, check_shapes, group_size
+from .check_memo import CheckMemo
 from .decode_checks import (
     HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
     MAX_NQ,  # noqa: F401
@@ -238,15 +240,15 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
 
     ``K``, ``V``: the pool ``(num_pages, Hkv, page_size, d)`` (a contiguous cache is B pages
     of ``Nk`` slots); ``bt`` int32 ``(B, max_pages)`` or None; ``lengths`` int32 ``(B,)`` or
-    None (every sequence has ``page_size`` keys). Every output element is written.
+    None (every sequence has ``page_size`` keys). Every output element is written. The
+    partials of ``S > 1`` splits live in ``flashref.gpu.decode_workspace``'s buffer.
     """
     from ._launch import _as_kernel_input
 
     B, Hq, Nq, d = q.shape
     if bt is not None:  # a contiguous cache's tile may run past Nk: those keys are past L
         check_page_size(page_size, K.shape[0] * Hkv * page_size, plan.version, "K")
-    dtype = str(q.dtype)
-    q = _as_kernel_input(q, q.shape)
+    q = _as_kernel_input(q, q.shape)  # as they are when already contiguous and aligned
     K, V = _as_kernel_input(K, K.shape), _as_kernel_input(V, V.shape)
     if scale < 0:  # the kernel takes the row max of raw scores: flip q's sign instead
         q = (q.view(cp.uint16) ^ np.uint16(0x8000)).view(q.dtype)
@@ -255,53 +257,76 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     lse = cp.empty((B, Hq, Nq), dtype=cp.float32)
     if B == 0:
         return O, lse
-    S = plan.num_splits
-    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, dtype, plan.smem_bytes, plan.version)
-    part = S > 1
-    O_part = cp.empty((B * Hq * Nq, S, d), dtype=cp.float32) if part else O
-    lse_part = cp.empty((B * Hq * Nq, S), dtype=cp.float32) if part else lse
+    S, rows = plan.num_splits, B * Hq * Nq
+    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, q.dtype, plan.smem_bytes,
+                                      plan.version)  # fmt: skip
+    consts = _scalars(Hq, Hkv, Nq, page_size, max_pages, float(scale), bool(causal))
     null = np.uintp(0)
-    args = (q, K, V, null if bt is None else bt, null if lengths is None else lengths, O, lse,
-            O_part, lse_part, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size),
-            np.int32(max_pages), np.float32(scale), np.int32(causal))  # fmt: skip
+    bt_arg, len_arg = null if bt is None else bt, null if lengths is None else lengths
     maps = ()  # the TMA versions' split kernels (5, 6) take K and V's maps last
     if plan.version in SM90A_VERSIONS:  # K and V as (rows, d), boxes of BC rows
         from ._launch import tensor_map_of
 
         maps = (tensor_map_of(K.reshape(-1, d), BC), tensor_map_of(V.reshape(-1, d), BC))
-    if combine_fn is None:  # versions 4, 5: the last split block of each row block merges
-        from .decode_counters import counting
+    with _partials(cp, rows, S, d, O, lse) as (O_part, lse_part):
+        args = (q, K, V, bt_arg, len_arg, O, lse, O_part, lse_part, *consts)
+        if combine_fn is None:  # versions 4, 5: the last split block of each row block merges
+            from .decode_counters import counting
 
-        with counting(cp, B * plan.grid[1]) as counters:  # one per (b, blockIdx.y)
-            split_fn(plan.grid, (plan.threads,), (*args, counters, *maps),
-                     shared_mem=plan.smem_bytes)  # fmt: skip
-        return O, lse
-    split_fn(plan.grid, (plan.threads,), (*args, *maps), shared_mem=plan.smem_bytes)  # no counters
-    if part:
-        rows = B * Hq * Nq
-        combine_fn(
-            ((rows + 3) // 4,), (128,), (O_part, lse_part, O, lse, np.int32(rows), np.int32(S))
-        )
+            with counting(cp, B * plan.grid[1]) as counters:  # one per (b, blockIdx.y)
+                split_fn(plan.grid, (plan.threads,), (*args, counters, *maps),
+                         shared_mem=plan.smem_bytes)  # fmt: skip
+            return O, lse
+        split_fn(plan.grid, (plan.threads,), (*args, *maps), shared_mem=plan.smem_bytes)
+        if S > 1:
+            combine_fn(((rows + 3) // 4,), (128,), (O_part, lse_part, O, lse, *_ints(rows, S)))
     return O, lse
+
+
+@contextlib.contextmanager
+def _partials(cp, rows: int, S: int, d: int, O, lse):
+    """``(O_part, lse_part)``: the workspace's views for ``S > 1``, else ``O`` and ``lse``
+    themselves (one split writes its result directly)."""
+    if S == 1:
+        yield O, lse
+        return
+    from .decode_workspace import partials
+
+    with partials(cp, rows, S, d) as views:
+        yield views
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _scalars(Hq, Hkv, Nq, page_size, max_pages, scale: float, causal: bool) -> tuple:
+    """The split kernel's scalar arguments, made once per value (NumPy scalars cost host time)."""
+    return (np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size), np.int32(max_pages),
+            np.float32(scale), np.int32(causal))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _ints(*values: int) -> tuple:
+    return tuple(np.int32(x) for x in values)
 
 
 _cache: dict = {}
 
 
-def _functions(cp, d: int, tiles: int, dtype: str, smem: int, version: int):
-    key = (d, tiles, dtype, version, cp.cuda.Device().id)
-    if key not in _cache:
+def _functions(cp, d: int, tiles: int, dtype, smem: int, version: int):
+    """The compiled (split, combine) kernels; ``dtype`` a NumPy dtype (or its name)."""
+    key = (d, tiles, dtype, version, cp.cuda.runtime.getDevice())
+    fns = _cache.get(key)
+    if fns is None:
         from ._launch import NVRTC_OPTIONS
 
         _, split_name, combine_name = VERSIONS[version]
         arch = ("-arch=sm_90a",) if version in SM90A_VERSIONS else ()
-        opts = (*NVRTC_OPTIONS, *arch, *defines(d, tiles, dtype))
+        opts = (*NVRTC_OPTIONS, *arch, *defines(d, tiles, str(dtype)))
         module = cp.RawModule(code=source(version), options=opts)
         split_fn = module.get_function(split_name)
         split_fn.max_dynamic_shared_size_bytes = smem
         combine_fn = module.get_function(combine_name) if combine_name else None
-        _cache[key] = (split_fn, combine_fn)
-    return _cache[key]
+        fns = _cache[key] = (split_fn, combine_fn)
+    return fns
 
 
 def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
@@ -333,6 +358,46 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
     return (O, L) if lse else O
 
 
+def _contiguous_checks(q, k, v, version, causal, scale, num_splits, return_lse):
+    """``decode_attention``'s checks of everything but ``lengths``: (version, causal, scale,
+    num_splits) as the call uses them. Kept per signature (``_CONTIGUOUS_CHECKS``)."""
+    version = check_version(version)
+    check_arrays(q, k, v, "k", "v")
+    check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
+    _, d = check_kind(q, k, v, "k", "v")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    check_splits(num_splits, version)
+    B, Nk = q.shape[0], k.shape[2]
+    check_page_size(BC, B * k.shape[1] * Nk, version, f"k {tuple(k.shape)}")  # B pages of Nk
+    return version, causal, scale, num_splits
+
+
+def _paged_checks(q, k_pages, v_pages, version, causal, scale, num_splits, return_lse):
+    """``paged_decode_attention``'s checks of everything but the block table and lengths."""
+    version = check_version(version)
+    check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise ValueError(
+            f"v_pages has shape {tuple(v_pages.shape)} but k_pages {tuple(k_pages.shape)}"
+        )
+    P, Hkv, ps, _ = k_pages.shape
+    group_size(q.shape[1], Hkv, f" (q {tuple(q.shape)}, k_pages {tuple(k_pages.shape)})", "k_pages")
+    if k_pages.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"k_pages has shape {tuple(k_pages.shape)} but q has head dim {q.shape[3]}"
+        )
+    _, d = check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    check_splits(num_splits, version)
+    check_page_size(ps, P * Hkv * ps, version, f"k_pages {tuple(k_pages.shape)}")
+    return version, causal, scale, num_splits
+
+
+# the checks above depend only on the arrays' types, shapes and dtypes and on the options
+_CONTIGUOUS_CHECKS = CheckMemo(_contiguous_checks)
+_PAGED_CHECKS = CheckMemo(_paged_checks)
+
+
 def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_splits=None,
                      return_lse=False, version=None):  # fmt: skip
     """Attention of ``Nq <= 16`` queries per sequence to a contiguous K/V cache, split-KV.
@@ -349,14 +414,9 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    version = check_version(version)
-    check_arrays(q, k, v, "k", "v")
-    check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
-    _, d = check_kind(q, k, v, "k", "v")
-    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
-    check_splits(num_splits, version)
+    version, causal, scale, num_splits = _CONTIGUOUS_CHECKS(
+        (q, k, v), (version, causal, scale, num_splits, return_lse))  # fmt: skip
     B, Nk = q.shape[0], k.shape[2]
-    check_page_size(BC, B * k.shape[1] * Nk, version, f"k {tuple(k.shape)}")  # B pages of Nk
     L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
     return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
                 causal=causal, scale=scale, num_splits=num_splits, lse=return_lse,
@@ -377,23 +437,9 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
         causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
         scale, num_splits, return_lse, version: as ``decode_attention``.
     """
-    version = check_version(version)
-    check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
-    if tuple(v_pages.shape) != tuple(k_pages.shape):
-        raise ValueError(
-            f"v_pages has shape {tuple(v_pages.shape)} but k_pages {tuple(k_pages.shape)}"
-        )
-    P, Hkv, ps, _ = k_pages.shape
-    group_size(q.shape[1], Hkv, f" (q {tuple(q.shape)}, k_pages {tuple(k_pages.shape)})", "k_pages")
-    if k_pages.shape[3] != q.shape[3]:
-        raise ValueError(
-            f"k_pages has shape {tuple(k_pages.shape)} but q has head dim {q.shape[3]}"
-        )
-    _, d = check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
-    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
-    check_splits(num_splits, version)
-    B = q.shape[0]
-    check_page_size(ps, P * Hkv * ps, version, f"k_pages {tuple(k_pages.shape)}")
+    version, causal, scale, num_splits = _PAGED_CHECKS(
+        (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse))  # fmt: skip
+    (B, *_), (P, Hkv, ps, _) = q.shape, k_pages.shape
     bt, L = check_block_table(block_table, lengths, B, P, ps)
     Nk_max = int(L.max()) if B else 0
     return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,

@@ -85,7 +85,7 @@ def check_lengths(lengths, B: int, limit: int, what: str) -> np.ndarray:
     if bad.size:
         b = int(bad[0])
         raise ValueError(f"lengths[{b}] is {int(L[b])}; expected 0 <= length <= {limit} ({what})")
-    return L.astype(np.int32)
+    return L.astype(np.int32, copy=False)
 
 
 def check_common(causal, scale, num_splits, return_lse, d):
@@ -103,15 +103,16 @@ def check_block_table(block_table, lengths, B: int, P: int, ps: int):
     if bt.shape[0] != B:
         raise ValueError(f"block_table has shape {bt.shape}; expected ({B}, max_pages)")
     L = check_lengths(lengths, B, bt.shape[1] * ps, f"block_table holds {bt.shape[1]} pages")
-    for b in range(B):
-        used = bt[b, : -(-int(L[b]) // ps)]
-        if ((used < 0) | (used >= P)).any():
-            j = int(np.flatnonzero((used < 0) | (used >= P))[0])
-            raise ValueError(
-                f"block_table[{b}, {j}] is {int(used[j])}, a page sequence {b} uses (length "
-                f"{int(L[b])}); expected 0 <= page < {P} (num_pages of k_pages)"
-            )
-    return bt.astype(np.int32), L
+    pages = -(-L.astype(np.int64) // ps)  # (B,) pages each sequence uses
+    used = np.arange(bt.shape[1]) < pages[:, None]  # (B, max_pages)
+    bad = used & ((bt < 0) | (bt >= P))  # (B, max_pages)
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])  # row-major: the first b, then its first j
+        raise ValueError(
+            f"block_table[{b}, {j}] is {int(bt[b, j])}, a page sequence {b} uses (length "
+            f"{int(L[b])}); expected 0 <= page < {P} (num_pages of k_pages)"
+        )
+    return bt.astype(np.int32, copy=False), L  # no copy when the caller holds int32
 
 
 def check_device(cc: tuple[int, int], version: int, name: str = "this GPU") -> None:
