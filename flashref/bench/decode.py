@@ -23,9 +23,17 @@ the device-to-device copy bandwidth (``flashref.bench.roofs``, bytes read + writ
 Timing as ``python -m flashref.bench gpu``: CUDA events around single calls, each round the
 median of 10 calls after warm-up, the fast implementations over interleaved rounds (SDPA
 MATH in one round, fp16 only); a row holds the median over rounds, the fastest and slowest
-round. flashref rows time the kernel launches alone (the argument checks of
-``decode_attention``, which copy ``lengths`` to the host, are left out, as SDPA's Python is
-not). Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
+round. flashref rows time the public API, as SDPA's rows do: ``decode_attention``, and
+``paged_decode_attention`` with the block table and lengths as host NumPy int32 arrays, as a
+serving loop holds them (the events are recorded before the call's Python runs, so its host
+time is in the event time wherever the kernels are shorter than it).
+
+Two more times per row (``flashref.bench.call_time``): ``host_us``, the median host time of
+one call (``perf_counter`` around it, the device synchronised after each call), for every
+row but SDPA MATH; and ``kernel_us``, the GPU time of the call's kernels from
+``torch.profiler``'s CUDA activity (sum of kernel durations / calls), for the default decode
+version's rows and SDPA FLASH and cuDNN only (``kernel_impls``), to keep the run short.
+Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import platform
 import statistics
 import sys
@@ -42,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gpu.decode import VERSIONS
+from .call_time import host_us, kernel_us
 from .gpu import ClockSampler, _import_torch, _median_ms
 from .provenance import driver_version, runtime_version
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
@@ -50,6 +58,8 @@ HQ, NQ, D = 32, 1, 128
 BATCHES, KV_HEADS, CONTEXTS = (1, 8, 32), (32, 8), (4096, 32768, 131072)
 PAGE_SIZE = 64
 REPEATS = 10
+HOST_CALLS = 20  # host_us: the median of this many calls
+KERNEL_CALLS = 5  # kernel_us: profiled calls
 READ_BYTES = 4 * 2**30
 BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
 
@@ -84,6 +94,15 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
         "page_size": PAGE_SIZE,
         "decode_versions": list(versions),
         "gbps_rule": "bytes of K and V (every key valid) / time",
+        "host_rule": (
+            f"host_us: median over {HOST_CALLS} calls of perf_counter around one call of the "
+            "public API (flashref) or of SDPA, the device synchronised after each, outside it"
+        ),
+        "kernel_rule": (
+            f"kernel_us: sum of the kernel durations torch.profiler (CUPTI) records over "
+            f"{KERNEL_CALLS} calls / {KERNEL_CALLS}, copies and memsets left out; for the "
+            "default decode version's rows (contiguous and paged) and SDPA FLASH and cuDNN"
+        ),
         "timing": (
             f"CUDA events; each round the median of {REPEATS} calls after warm-up; "
             "fast implementations over interleaved rounds, SDPA MATH one round"
@@ -109,8 +128,9 @@ def impl_names(version: int) -> tuple[str, str]:
 
 
 def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
-    """[(impl, run_or_None, num_splits, note)]: each decode version, contiguous and paged."""
-    from flashref.gpu.decode import decode_plan, launch
+    """[(impl, run_or_None, num_splits, note)]: each decode version, contiguous and paged,
+    through the public API (the block table and lengths as host int32 arrays)."""
+    from flashref.gpu.decode import decode_attention, decode_plan, paged_decode_attention
 
     cp = ctx["cp"]
     B, Hkv, Nk, _ = k.shape
@@ -118,25 +138,22 @@ def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
         n = Nk // PAGE_SIZE  # pages per sequence, laid out in order: page b * n + p
         kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, D).transpose(0, 2, 1, 3, 4))
                   .reshape(B * n, Hkv, PAGE_SIZE, D) for x in (k, v))  # fmt: skip
-        bt = cp.arange(B * n, dtype=cp.int32).reshape(B, n)
-        lens = cp.full(B, Nk, dtype=cp.int32)
+        bt = np.arange(B * n, dtype=np.int32).reshape(B, n)  # (B, n) on the host
+        lens = np.full(B, Nk, dtype=np.int32)  # (B,) on the host
     out = []
     for version in versions:
         plan = decode_plan(B, HQ, Hkv, NQ, Nk, D, ctx["sm_count"], version=version)
-        common = {"causal": False, "scale": 1 / math.sqrt(D), "plan": plan}
         name, paged_name = impl_names(version)
 
-        def contiguous(common=common):  # the cache (B, Hkv, Nk, D) read as B pages of Nk slots
-            return launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1,
-                          **common)[0]  # fmt: skip
+        def contiguous(version=version):
+            return decode_attention(q, k, v, version=version)
 
         out.append((name, contiguous, plan.num_splits, f"decode version {version}"))
         if paged_ok:
             note = f"decode version {version}; page_size {PAGE_SIZE}, block table in order"
 
-            def paged(common=common):
-                return launch(cp, q, kp, vp, bt, lens, Hkv=Hkv, page_size=PAGE_SIZE,
-                              max_pages=n, **common)[0]  # fmt: skip
+            def paged(version=version):  # every sequence full: no mask either way
+                return paged_decode_attention(q, kp, vp, bt, lens, causal=False, version=version)
 
             out.append((paged_name, paged, plan.num_splits, note))
         else:
@@ -189,6 +206,21 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
     return out
 
 
+def kernel_impls(versions, cc=None) -> set[str]:
+    """The rows that get ``kernel_us``: the default decode version of this GPU (contiguous,
+    and paged with ``PAGE_SIZE``) where it is among ``versions``, SDPA FLASH and cuDNN."""
+    from flashref.gpu.decode import default_version
+
+    if cc is None:
+        from flashref.gpu._launch import device_facts as gpu_facts
+
+        cc = gpu_facts()[0]
+    contiguous, paged = default_version(cc, None), default_version(cc, PAGE_SIZE)
+    rows = {impl_names(contiguous)[0]} if contiguous in versions else set()
+    rows |= {impl_names(paged)[1]} if paged in versions else set()
+    return rows | {"sdpa_flash", "sdpa_cudnn"}
+
+
 def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
     cp, torch = ctx["cp"], ctx["torch"]
     item = np.dtype(dtype).itemsize
@@ -206,6 +238,8 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
                 "ms_max": None,
                 "gbps": None,
                 "num_splits": None,
+                "host_us": None,
+                "kernel_us": None,
                 "note": note,
             }
             for i in (*(n for v in versions for n in impl_names(v)), *BACKENDS)
@@ -222,6 +256,15 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
                 continue
             make = events["torch" if impl.startswith("sdpa") else "cp"]
             times[impl].append(_median_ms(run, make, REPEATS, 2))
+    host, kernel = {}, {}
+    for impl, run, _, _ in impls:
+        if run is None or impl == "sdpa_math":
+            continue
+        sdpa = impl.startswith("sdpa")
+        sync = torch.cuda.synchronize if sdpa else cp.cuda.runtime.deviceSynchronize
+        host[impl] = host_us(run, sync, HOST_CALLS)
+        if torch is not None and impl in ctx["kernel_impls"]:
+            kernel[impl] = kernel_us(torch, run, KERNEL_CALLS)
     ref = impls[0][
         1
     ]()  # the first version's output: a sanity check of the others (tests/ hold the real)
@@ -232,7 +275,8 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
         row = {**base, "impl": impl, "ms": ms, "ms_min": min(ts) if ts else None,
                "ms_max": max(ts) if ts else None, "round_ms": ts,
                "gbps": kv_bytes / (ms * 1e-3) / 1e9 if ms else None, "bytes": kv_bytes,
-               "num_splits": splits, "note": note}  # fmt: skip
+               "num_splits": splits, "host_us": host.get(impl), "kernel_us": kernel.get(impl),
+               "note": note}  # fmt: skip
         if run is not None and impl != impls[0][0]:
             other = run()
             other = cp.from_dlpack(other) if not isinstance(other, cp.ndarray) else other
@@ -261,7 +305,7 @@ def run(args) -> dict:
     print(f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
           f"copy {copy:.0f} GB/s", file=sys.stderr)  # fmt: skip
     ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
-           "sm_count": facts["sm_count"]}  # fmt: skip
+           "sm_count": facts["sm_count"], "kernel_impls": kernel_impls(args.versions)}  # fmt: skip
     rows = []
     with ClockSampler() as clock:
         for dtype in args.dtypes:
@@ -308,17 +352,36 @@ def print_table(result: dict) -> None:
         splits = next((r["num_splits"] for r in sel.values() if r.get("num_splits")), None)
         print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{splits if splits else '-':>7}" +
               "".join(f"{c:>22s}" for c in cells))  # fmt: skip
+    print("# microseconds per call: host time / kernel time ('-': not measured)")
+    print(f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'':>7s}" +
+          "".join(f"{i:>22s}" for i in impls))  # fmt: skip
+    for dtype, B, Hkv, Nk in keys:
+        sel = {r["impl"]: r for r in result["rows"] if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) ==
+               (dtype, B, Hkv, Nk)}  # fmt: skip
+        cells = [_us_cell(sel.get(i)) for i in impls]
+        print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{'':>7s}" + "".join(f"{c:>22s}" for c in cells))
     for r in result["rows"]:
         if r["note"] and r["gbps"] is None:
             print(f"  {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: {r['note']}")
 
 
+def _us_cell(r) -> str:
+    """``host / kernel`` microseconds of a row, ``-`` for one not measured."""
+    if r is None:
+        return "-"
+    host, kernel = r.get("host_us"), r.get("kernel_us")
+    return f"{f'{host:.1f}' if host is not None else '-'} / " + (
+        f"{kernel:.1f}" if kernel is not None else "-"
+    )
+
+
 def write_json(result: dict, path: Path) -> None:
     """{"meta": {gpu, driver, cuda_runtime, cupy, torch, python, date, hbm_read_gbps,
-    hbm_copy_gbps, sm_count, page_size, decode_versions, gbps_rule, timing, clocks}, "rows":
-    [{impl, dtype, d, B, Hq, Hkv, Nq, Nk, ms, ms_min, ms_max, round_ms, gbps, bytes,
-    num_splits, note, rel_diff_to_flashref?, ratio_to_cudnn, fraction_of_read,
-    fraction_of_copy}]}"""
+    hbm_copy_gbps, sm_count, page_size, decode_versions, gbps_rule, host_rule, kernel_rule,
+    timing, clocks}, "rows": [{impl, dtype, d, B, Hq, Hkv, Nq, Nk, ms, ms_min, ms_max,
+    round_ms, gbps, bytes, num_splits, host_us, kernel_us, note, rel_diff_to_flashref?,
+    ratio_to_cudnn, fraction_of_read, fraction_of_copy}]} (host_us, kernel_us: None where
+    not measured)"""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
 
