@@ -210,7 +210,7 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
 
     import numpy as np
 
-    from flashref.gpu import decode, decode_counters, decode_workspace
+    from flashref.gpu import decode, decode_counters, decode_launch, decode_workspace
 
     calls = []
 
@@ -232,7 +232,7 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
     cp = types.SimpleNamespace(empty=np.empty, zeros=np.zeros, float32=np.float32,
                                uint16=np.uint16, uint32=np.uint32, cuda=cuda)  # fmt: skip
     monkeypatch.setitem(sys.modules, "flashref.gpu._launch", fake_launch)
-    monkeypatch.setattr(decode, "_functions", functions)
+    monkeypatch.setattr(decode_launch, "_functions", functions)
     monkeypatch.setattr(decode_counters, "_buffers", {})  # never the real (GPU) buffers
     monkeypatch.setattr(decode_workspace, "_buffers", {})
 
