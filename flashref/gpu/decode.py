@@ -17,7 +17,10 @@ functions; ``lengths`` and ``block_table`` are read on the host for that (they a
 
 The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key tiles, one
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
-shape and the number of SMs, ``decode_plan`` shows the whole launch.
+shape and the number of SMs, ``decode_plan`` shows the whole launch and
+``flashref.gpu.decode_launch`` runs it. A decode loop repeats its call's shapes and options
+every token, so the checks of those are kept per call signature (``flashref.gpu.check_memo``);
+``lengths`` and ``block_table`` are checked on every call.
 
 Six kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
