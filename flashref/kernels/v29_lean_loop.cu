@@ -29,7 +29,8 @@
 //   * P's packing: version 27 packed P at the top of the next iteration, and the compiler moved
 //     the conversions below the turn's barrier, into the turn. Here P is packed as soon as the
 //     product that read the previous P has completed (after wgmma_wait<0>, before the loop's
-//     end), so the conversions run before the turn starts;
+//     end): the conversions then lie before the turn whatever the compiler schedules at the
+//     loop's top;
 //   * the producer's waits: its thread waits for a free stage most of the time, and each
 //     try_wait that returns false is an instruction issued on the scheduler where warp 0 of
 //     each consumer warpgroup also issues. Here it waits with mbar_wait_suspend, which lets
