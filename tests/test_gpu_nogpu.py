@@ -383,7 +383,7 @@ def test_persistent_version_registry_and_grid():
         ver.smem_bytes(128) == fg.VERSIONS[26].smem_bytes(128) == 2 * (128 + 6 * 128) * 128 + 1024
     )
     assert ver.smem_bytes(128) + 80 <= 227 * 1024  # + Q, q_empty and 2 x 3 stage barriers
-    assert {n for n, v in fg.VERSIONS.items() if v.persistent} == {27, 28}
+    assert {n for n, v in fg.VERSIONS.items() if v.persistent} == {27, 28, 29}
     assert ver.grid(1024, 512, 132) == (132, 1)  # 8 x 512 work tiles on 132 SMs
     assert ver.grid(1, 3, 132) == (3, 1)  # fewer work tiles than SMs: one block each
     assert ver.grid(129, 1, 132) == (2, 1)
@@ -420,6 +420,53 @@ def test_persistent_three_consumer_version_registry_and_grid():
     assert 28 not in PREFERENCE.values() and 28 not in HOPPER_PREFERENCE.values()
     text = ver.path.read_text()
     assert "int BH)" in text and "flash_v28(" in text and "#define CONSUMER_REGS 160" in text
+
+
+def test_lean_loop_version_registry_and_source():
+    """Version 29: version 27's block, tiles, grid and schedule; the consumer's descriptors made
+    once per block (each use adds a constant), the stage as a running counter, the row max as a
+    tree, four row-sum chains, P packed before the turn, the producer's waits with a sleep."""
+    from flashref.gpu.versions import HOPPER_PREFERENCE, PREFERENCE, base_of, code_lines
+
+    ver, v27 = fg.VERSIONS[29], fg.VERSIONS[27]
+    assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(29) == 27
+    assert (ver.dtypes, ver.head_dims, ver.threads, ver.Br) == (v27.dtypes, v27.head_dims, 384, 128)
+    for d in (64, 128):
+        assert (ver.Bc(d), ver.stages(d), ver.smem_bytes(d)) == (v27.Bc(d), v27.stages(d),
+                                                                  v27.smem_bytes(d))  # fmt: skip
+    assert ver.grid(1024, 512, 132) == v27.grid(1024, 512, 132) == (132, 1)
+    assert 29 not in PREFERENCE.values() and 29 not in HOPPER_PREFERENCE.values()
+    text = "\n".join(code_lines(29))
+    assert "flash_v29(" in text and "int BH)" in text
+    issue = text.split("__device__ __forceinline__ void qk_issue")[1].split("// P's A fragments")[0]
+    issue += text.split("__device__ __forceinline__ void pv_issue")[1].split("// the maximum")[0]
+    assert "desc_kmajor_sw128" not in issue and "desc_mnmajor_sw128" not in issue
+    assert issue.count("+ desc_step(") == 3  # Q, K and V: base + a compile-time step
+    consumer = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
+    before_loop, loop = consumer.split("for (int item", 1)
+    assert before_loop.count("desc_kmajor_sw128(") == 2 and "desc_mnmajor_sw128(" in before_loop
+    assert "desc_" not in loop.replace("DESC_STAGE", "")  # no descriptor built per tile
+    assert "__shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0)" in text  # a uniform warpgroup
+    assert "max_tree<Bc / 8>(v)" in text and "part[i % 4]" in text
+    # P is packed right after the softmax of S_0 and after each wait for the previous P V,
+    # never between the wait for a stage and the turn's products
+    assert loop.count("pack_p(p, s);") == 2
+    turn = loop.split("for (int it = 1; it < n_mine; it++) {")[1].split("wgmma_wait<0>();")[0]
+    assert "pack_p" not in turn
+    assert text.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in text
+    header = fg.VERSIONS[29].path.read_text().split("#ifndef HEAD_DIM")[0]
+    assert "What changes from version 27" in header and not re.search(r"\d+(\.\d+)?x\b", header)
+
+
+def test_hopper_header_keeps_mbar_wait_beside_the_suspending_wait():
+    """mbar_wait is unchanged (the other versions' PTX stays the same); the new wait passes
+    try_wait's suspendTimeHint operand."""
+    cuh = (fg.KERNEL_DIR / "hopper_common.cuh").read_text()
+    plain = cuh.split("void mbar_wait(u32 bar, u32 parity)")[1].split("\n}\n")[0]
+    assert "shared::cta.b64 p, [%1], %2;" in plain and "%3" not in plain
+    suspend = cuh.split("void mbar_wait_suspend(u32 bar, u32 parity, u32 suspend_ns)")[1]
+    suspend = suspend.split("\n}\n")[0]
+    assert "shared::cta.b64 p, [%1], %2, %3;" in suspend and '"r"(suspend_ns)' in suspend
 
 
 def test_persistent_block_cap_from_the_environment():

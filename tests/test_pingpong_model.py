@@ -16,7 +16,7 @@ import pytest
 from flashref.gpu import pingpong as pp
 from flashref.gpu import work_tiles as wt
 from flashref.gpu.pingpong import ScheduleError, consumer, run, turns
-from flashref.gpu.versions import VERSIONS
+from flashref.gpu.versions import VERSIONS, code_lines
 
 TURN_LINE = re.compile(r"turn_begin\(cw\);|turn_end\(cw, |n_turns = |named_bar_arrive\(PINGPONG")
 
@@ -225,15 +225,18 @@ def test_v27_block_tiles_cover_the_list_longest_first():
         pp.run_blocks(block_tiles(b, 6, 1000, 130, 3, True), 3)
 
 
-def test_model_follows_the_v27_kernel():
-    """The model's hand-over rule, Q operations and work-tile order are the kernel's."""
-    text = VERSIONS[27].path.read_text()
+@pytest.mark.parametrize("number", [27, 29])
+def test_model_follows_the_v27_kernel(number):
+    """The model's hand-over rule, Q operations and work-tile order are the kernel's (version
+    29 keeps version 27's schedule)."""
+    text = VERSIONS[number].path.read_text()
     assert re.search(r"if \(cw == 0 \|\| more \|\| turn \+ 1 < n_turns\) named_bar_arrive", text)
     assert "const bool more = item + (int)gridDim.x < n_items;" in text
     assert text.count("mbar_arrive(q_empty);") == 2
     assert "if (n_mine == 1) mbar_arrive(q_empty);" in text
     assert "if (it + 1 == n_mine) mbar_arrive(q_empty);" in text
-    assert "mbar_wait(qbar, n & 1);" in text and "mbar_wait(q_empty, (n - 1) & 1);" in text
+    assert "mbar_wait(qbar, n & 1);" in text  # version 29's producer sleeps in its waits:
+    assert re.search(r"mbar_wait(_suspend)?\(q_empty, \(n - 1\) & 1[,)]", text)
     assert "bh = h0 + ((level & 1) ? Gs - 1 - r : r);" in text
     assert "q_block = Tr - 1 - level;" in text and "const int j = item - h0 * Tr;" in text
     assert f"#define L2_KV_BYTES ({wt.L2_KV_BYTES >> 20}ll << 20)" in text
@@ -241,8 +244,16 @@ def test_model_follows_the_v27_kernel():
     consumer_code = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
     assert consumer_code.count("turn_begin(cw);") == 4
     assert consumer_code.count("turn_end(cw, ") == 4
-    # the K/V stage and parity from the block's running count, never from the tile alone
-    assert "(kv + it) % KV_STAGES" in consumer_code and "it % KV_STAGES" not in consumer_code
+    if number == 27:  # the K/V stage and parity from the block's running count, not the tile's
+        assert "(kv + it) % KV_STAGES" in consumer_code and "it % KV_STAGES" not in consumer_code
+    else:  # version 29: (st, ph) carried over the block's work tiles, one ring_next per tile
+        code = "\n".join(line.split("//")[0] for line in code_lines(29))  # comments left out
+        assert "% KV_STAGES" not in code and "/ KV_STAGES" not in code
+        assert consumer_code.count("ring_next(st, ph);") == 3  # S_0, the loop, the empty turns
+        assert "int st = 0;" in consumer_code.split("for (int item")[0]  # once per block
+        producer_code = text.split("setmaxnreg_dec<PRODUCER_REGS>")[1].split("return;")[0]
+        assert producer_code.count("ring_next(st, ph);") == 1
+        assert "int st = 0;" in producer_code.split("for (int item")[0]
 
 
 def test_model_catches_persistent_mistakes():

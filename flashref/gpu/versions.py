@@ -221,6 +221,11 @@ VERSIONS: dict[int, Version] = {
                 "min(tiles, SMs) blocks, the producer running on into the next tile",
                 "v28_persistent3.cu", 192, 512, min_cc=(9, 0), bc64=128,
                 kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
+        Version(29, "lean_loop", _TC, _TC_DIMS,
+                "v27 with fewer instructions per key tile: wgmma descriptors made once, running "
+                "stage counters, a tree row max, four row-sum chains, a producer that sleeps",
+                "v29_lean_loop.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
+                kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
     )
 }  # fmt: skip
 

@@ -197,6 +197,18 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
                      "selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
 }
+// mbar_wait for a thread that waits long and has nothing else to do (a producer whose ring is
+// full): try_wait's optional suspendTimeHint lets the hardware suspend the thread until the
+// phase completes or about `suspend_ns` nanoseconds have passed, instead of the thread asking
+// again and again and taking issue slots from the warps beside it. Same result as mbar_wait.
+__device__ __forceinline__ void mbar_wait_suspend(u32 bar, u32 parity, u32 suspend_ns)
+{
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity), "r"(suspend_ns) : "memory");
+}
 
 // ---- TMA: cp.async.bulk.tensor (PTX ISA: "Data Movement: cp.async.bulk.tensor") --------------
 // The tensor map (made on the host by cuTensorMapEncodeTiled, flashref.gpu.hopper.tensor_map)
