@@ -383,7 +383,7 @@ def test_persistent_version_registry_and_grid():
         ver.smem_bytes(128) == fg.VERSIONS[26].smem_bytes(128) == 2 * (128 + 6 * 128) * 128 + 1024
     )
     assert ver.smem_bytes(128) + 80 <= 227 * 1024  # + Q, q_empty and 2 x 3 stage barriers
-    assert {n for n, v in fg.VERSIONS.items() if v.persistent} == {27, 28, 29}
+    assert {n for n, v in fg.VERSIONS.items() if v.persistent} == {27, 28, 29, 30}
     assert ver.grid(1024, 512, 132) == (132, 1)  # 8 x 512 work tiles on 132 SMs
     assert ver.grid(1, 3, 132) == (3, 1)  # fewer work tiles than SMs: one block each
     assert ver.grid(129, 1, 132) == (2, 1)
@@ -456,6 +456,52 @@ def test_lean_loop_version_registry_and_source():
     assert text.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in text
     header = fg.VERSIONS[29].path.read_text().split("#ifndef HEAD_DIM")[0]
     assert "What changes from version 27" in header and not re.search(r"\d+(\.\d+)?x\b", header)
+
+
+def test_lean3_version_registry_and_source():
+    """Version 30: version 28's block, tiles, grid, registers and schedule, with version 29's
+    five changes: descriptors made once per block (each use adds a constant), the stage as a
+    running counter, the row max as a tree and four row-sum chains, P packed right after the
+    wait for the previous P V, the producer's waits with a sleep."""
+    from flashref.gpu.versions import HOPPER_PREFERENCE, PREFERENCE, base_of, code_lines
+
+    ver, v28 = fg.VERSIONS[30], fg.VERSIONS[28]
+    assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(30) == 28
+    assert (ver.dtypes, ver.head_dims, ver.threads, ver.Br) == (v28.dtypes, (64,), 512, 192)
+    assert (ver.Bc(64), ver.stages(64), ver.smem_bytes(64)) == (v28.Bc(64), v28.stages(64),
+                                                                v28.smem_bytes(64))  # fmt: skip
+    for args in ((1024, 512, 132), (4097, 1, 132), (1, 3, 132)):
+        assert ver.grid(*args) == v28.grid(*args), args
+    for dtype in ver.dtypes:  # d = 128 is refused by name before any GPU work, as for v28
+        with pytest.raises(ValueError, match=r"head dim d=128; version 30 supports d in \(64,\)"):
+            fg._check_version(30, dtype, 128)
+    assert 30 not in PREFERENCE.values() and 30 not in HOPPER_PREFERENCE.values()
+    text = "\n".join(code_lines(30))
+    assert "flash_v30(" in text and "int BH)" in text
+    assert "#define NWG 3" in text and "#define CONSUMER_REGS 160" in text
+    assert "#define PRODUCER_REGS 24" in text
+    issue = text.split("__device__ __forceinline__ void qk_issue")[1].split("// P's A fragments")[0]
+    issue += text.split("__device__ __forceinline__ void pv_issue")[1].split("// the maximum")[0]
+    assert "desc_kmajor_sw128" not in issue and "desc_mnmajor_sw128" not in issue
+    assert issue.count("+ desc_step(") == 3  # Q, K and V: base + a compile-time step
+    consumer = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
+    before_loop, loop = consumer.split("for (int item", 1)
+    assert before_loop.count("desc_kmajor_sw128(") == 2 and "desc_mnmajor_sw128(" in before_loop
+    assert "desc_kmajor_sw128(Qs + cw * 64 * 128, 0)" in before_loop  # this warpgroup's rows
+    assert "desc_" not in loop.replace("DESC_STAGE", "")  # no descriptor built per tile
+    assert "__shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0)" in text  # a uniform warpgroup
+    assert "max_tree<Bc / 8>(v)" in text and "part[i % 4]" in text
+    # P is packed right after the softmax of S_0 and after each wait for the previous P V,
+    # never between the wait for a stage and the products that follow it
+    assert loop.count("pack_p(p, s);") == 2
+    body = loop.split("for (int it = 1; it < n_mine; it++) {")[1]
+    assert "pack_p" not in body.split("wgmma_wait<0>();")[0]
+    assert re.search(r"wgmma_wait<0>\(\);\s+wgmma_fence_acc\(o\);\s+pack_p\(p, s\);", body)
+    assert text.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in text
+    assert "mbar_wait(q_empty" not in text
+    header = ver.path.read_text().split("#ifndef HEAD_DIM")[0]
+    assert "What changes from version 28" in header and "version 29" in header
+    assert not re.search(r"\d+(\.\d+)?x\b", header)  # no measured ratio in the header
 
 
 def test_hopper_header_keeps_mbar_wait_beside_the_suspending_wait():

@@ -39,7 +39,7 @@ GROUPS = [(n, dt, d) for n in NUMBERS for dt in ("float16", "bfloat16") for d in
           if d in VERSIONS[n].head_dims]  # fmt: skip
 GROUP_IDS = [f"v{n}-{dt}-d{d}" for n, dt, d in GROUPS]
 REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
-# A persistent version (v27, v28) runs every case a second time on at most FEW_BLOCKS blocks, so
+# A persistent version (v27-v30) runs every case a second time on at most FEW_BLOCKS blocks, so
 # that each block walks many work tiles (of several heads, causal ones of every length): with
 # the SM count alone every block of these small shapes would take one work tile.
 FEW_BLOCKS = 3

@@ -1,12 +1,14 @@
-"""What version 29's header says of its compiled code, read in the SASS (versus version 27).
+"""What versions 29 and 30 say of their compiled code, read in the SASS (versus 27 and 28).
 
 The consumer's steady-state loop (the innermost loop holding a whole tile's wgmma: S = Q K^T
 and O += P V) is found in ``cuobjdump -sass`` of the cubin nvcc makes from the text NVRTC is
 given, and its instructions are counted: version 29's descriptors live in uniform registers
 (no R2UR copies), its stage needs no division by 3 (no IMAD.HI), P's conversions (F2FP) run
 before the turn's barrier, not between it and the last wgmma, and the loop is shorter than
-version 27's. Needs nvcc and cuobjdump (skipped with a reason without them); a failure prints
-the counts it found.
+version 27's. Version 30 against version 28 (d = 64), which take no turns: the same counts,
+P's conversions measured from the consumer's wait for the K/V stage (the first mbarrier
+try_wait of the loop) to the last wgmma. Needs nvcc and cuobjdump (skipped with a reason
+without them); a failure prints the counts it found.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ def consumer_loop(sass: list[tuple[int, str]], n_wgmma: int) -> list[str]:
     return best
 
 
-def _counts(loop: list[str]) -> dict:
-    turn_start = next(i for i, op in enumerate(loop) if op.startswith("BAR.SYNC"))
+def _counts(loop: list[str], start: str = "BAR.SYNC") -> dict:
+    """Counts over the loop; "turn": from its first ``start`` instruction (the turn's barrier,
+    or for a version without turns the stage's try_wait) to its last wgmma."""
+    turn_start = next(i for i, op in enumerate(loop) if op.startswith(start))
     turn_end = max(i for i, op in enumerate(loop) if op.startswith("HGMMA"))
     kinds = collections.Counter(op.split(".")[0] for op in loop)
     return {
@@ -86,3 +90,16 @@ def test_v29_loop_is_leaner_than_v27s(d, tmp_path):
     assert v29["IMAD.HI"] == 0, what
     assert v29["F2FP in the turn"] == 0, what
     assert v29["turn"] < v27["turn"] and v29["instructions"] < v27["instructions"], what
+
+
+def test_v30_loop_is_leaner_than_v28s(tmp_path):
+    n_wgmma = 64 // 16 + 128 // 16  # d = 64 only
+    wait = "SYNCS.PHASECHK"  # the consumer's mbarrier try_wait for the K/V stage
+    v28 = _counts(consumer_loop(_sass(28, 64, tmp_path), n_wgmma), wait)
+    v30 = _counts(consumer_loop(_sass(30, 64, tmp_path), n_wgmma), wait)
+    what = f"d = 64: version 28 {v28}, version 30 {v30}"
+    print(f"\n{what}")
+    assert v28["R2UR"] > 0 and v30["R2UR"] == 0, what
+    assert v28["IMAD.HI"] > 0 and v30["IMAD.HI"] == 0, what
+    assert v28["F2FP in the turn"] > 0 and v30["F2FP in the turn"] == 0, what
+    assert v30["turn"] < v28["turn"] and v30["instructions"] < v28["instructions"], what

@@ -3,10 +3,13 @@ flashref.gpu.persistent3 models it on the CPU, and its work tiles from flashref.
 
 Where version 28 differs from version 27's model (tests/test_pingpong_model.py): three
 warpgroups' causal splits of a 192-row query block, warpgroups with no tile of their own (rows
-past Nq), all three freeing Q before the next one is loaded, and no turns.
+past Nq), all three freeing Q before the next one is loaded, and no turns. Version 30 keeps
+version 28's schedule: the checks that the model follows the kernel run on its text too.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ import pytest
 from flashref.gpu import persistent3 as p3
 from flashref.gpu import work_tiles as wt
 from flashref.gpu.pingpong import ScheduleError
-from flashref.gpu.versions import VERSIONS
+from flashref.gpu.versions import VERSIONS, code_lines
 
 BR = VERSIONS[28].Br  # 192
 
@@ -162,21 +165,36 @@ def test_v28_block_tiles_balanced():
     assert max(work) - min(work) > 2 * (32 + 1) and sum(work) / 132 / max(work) > 0.8
 
 
-def test_v28_model_follows_the_kernel():
-    """The model's Q operations, idle rule and running count are the kernel's."""
-    text = VERSIONS[28].path.read_text()
+@pytest.mark.parametrize("number", [28, 30])
+def test_v28_model_follows_the_kernel(number):
+    """The model's Q operations, idle rule and running count are the kernel's (version 30
+    keeps version 28's schedule)."""
+    text = VERSIONS[number].path.read_text()
     assert "#define NWG 3" in text and "#define Bc 128" in text and "#define KV_STAGES 3" in text
     assert "mbar_init(q_empty, NCONSUMERS);" in text and "#define NCONSUMERS (NWG * 128)" in text
     assert text.count("mbar_arrive(q_empty);") == 3
     assert "if (n_mine == 0) mbar_arrive(q_empty);" in text
     assert "if (n_mine == 1) mbar_arrive(q_empty);" in text
     assert "if (it + 1 == n_mine) mbar_arrive(q_empty);" in text
-    assert "mbar_wait(qbar, n & 1);" in text and "mbar_wait(q_empty, (n - 1) & 1);" in text
+    assert "mbar_wait(qbar, n & 1);" in text  # version 30's producer sleeps in its waits:
+    assert re.search(r"mbar_wait(_suspend)?\(q_empty, \(n - 1\) & 1[,)]", text)
     assert "const int n_mine = q0 + cw * 64 >= Nq ? 0" in text
     assert "causal ? min(n_tiles, (q0 + cw * 64 + 63) / Bc + 1) : n_tiles;" in text
     assert "named_bar" not in text and "turn_" not in text  # no ping-pong
     consumer_code = text.split("setmaxnreg_inc<CONSUMER_REGS>")[1].split("// finish:")[0]
-    assert "(kv + it) % KV_STAGES" in consumer_code and " it % KV_STAGES" not in consumer_code
+    if number == 28:  # the K/V stage and parity from the block's running count, not the tile's
+        assert "(kv + it) % KV_STAGES" in consumer_code and " it % KV_STAGES" not in consumer_code
+    else:  # version 30: (st, ph) carried over the block's work tiles, one ring_next per tile
+        code = "\n".join(line.split("//")[0] for line in code_lines(30))  # comments left out
+        assert "% KV_STAGES" not in code and "/ KV_STAGES" not in code
+        # S_0, the loop, the tiles it does not use (all of them for an idle warpgroup)
+        assert consumer_code.count("ring_next(st, ph);") == 3
+        idle = consumer_code.split("for (int it = n_mine; it < n_tiles; it++) {")[1]
+        assert "ring_next(st, ph);" in idle.split("\n        }\n")[0]
+        assert "int st = 0;" in consumer_code.split("for (int item")[0]  # once per block
+        producer_code = text.split("setmaxnreg_dec<PRODUCER_REGS>")[1].split("return;")[0]
+        assert producer_code.count("ring_next(st, ph);") == 1
+        assert "int st = 0;" in producer_code.split("for (int item")[0]
     # work_tile() is version 27's, letter for letter
     fn = "__device__ __forceinline__ void work_tile("
     v27 = VERSIONS[27].path.read_text()

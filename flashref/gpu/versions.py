@@ -226,6 +226,11 @@ VERSIONS: dict[int, Version] = {
                 "stage counters, a tree row max, four row-sum chains, a producer that sleeps",
                 "v29_lean_loop.cu", 128, 384, min_cc=(9, 0), bc64=128, bc128=128,
                 kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
+        Version(30, "lean3", _TC, (64,),
+                "v28 (3 consumer warpgroups, Br = 192, d = 64 only) with v29's leaner loop: "
+                "descriptors made once, running stage counters, tree max, a producer that sleeps",
+                "v30_lean3.cu", 192, 512, min_cc=(9, 0), bc64=128,
+                kv_buffers=3, arch="sm_90a", tma=True, persistent=True),
     )
 }  # fmt: skip
 
