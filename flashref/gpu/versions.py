@@ -255,14 +255,14 @@ PREFERENCE: dict[tuple[str, int | None, bool], int] = {
 # GPU keeps PREFERENCE, and float32 keeps version 2 everywhere.
 HOPPER_CC = (9, 0)
 HOPPER_PREFERENCE: dict[tuple[str, int, bool], int] = {
-    ("float16", 64, False): 24,
-    ("float16", 64, True): 24,
-    ("float16", 128, False): 27,
-    ("float16", 128, True): 27,
-    ("bfloat16", 64, False): 24,
-    ("bfloat16", 64, True): 24,
-    ("bfloat16", 128, False): 26,
-    ("bfloat16", 128, True): 27,
+    ("float16", 64, False): 30,
+    ("float16", 64, True): 29,
+    ("float16", 128, False): 29,
+    ("float16", 128, True): 29,
+    ("bfloat16", 64, False): 30,
+    ("bfloat16", 64, True): 29,
+    ("bfloat16", 128, False): 29,
+    ("bfloat16", 128, True): 29,
 }
 
 
