@@ -426,7 +426,7 @@ def test_lean_loop_version_registry_and_source():
     """Version 29: version 27's block, tiles, grid and schedule; the consumer's descriptors made
     once per block (each use adds a constant), the stage as a running counter, the row max as a
     tree, four row-sum chains, P packed before the turn, the producer's waits with a sleep."""
-    from flashref.gpu.versions import PREFERENCE, base_of, code_lines
+    from flashref.gpu.versions import PREFERENCE, base_of
 
     ver, v27 = fg.VERSIONS[29], fg.VERSIONS[27]
     assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(29) == 27
@@ -436,7 +436,8 @@ def test_lean_loop_version_registry_and_source():
                                                                   v27.smem_bytes(d))  # fmt: skip
     assert ver.grid(1024, 512, 132) == v27.grid(1024, 512, 132) == (132, 1)
     assert 29 not in PREFERENCE.values()  # sm_90a only: not for other GPUs
-    text = "\n".join(code_lines(29))
+    text = ver.source()  # with its headers (lean_loop.cuh, persistent_tiles.cuh) pasted in
+    kernel = text.split('extern "C" __global__')[1]
     assert "flash_v29(" in text and "int BH)" in text
     issue = text.split("__device__ __forceinline__ void qk_issue")[1].split("// P's A fragments")[0]
     issue += text.split("__device__ __forceinline__ void pv_issue")[1].split("// the maximum")[0]
@@ -453,7 +454,7 @@ def test_lean_loop_version_registry_and_source():
     assert loop.count("pack_p(p, s);") == 2
     turn = loop.split("for (int it = 1; it < n_mine; it++) {")[1].split("wgmma_wait<0>();")[0]
     assert "pack_p" not in turn
-    assert text.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in text
+    assert kernel.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in kernel
     header = fg.VERSIONS[29].path.read_text().split("#ifndef HEAD_DIM")[0]
     assert "What changes from version 27" in header and not re.search(r"\d+(\.\d+)?x\b", header)
 
@@ -463,7 +464,7 @@ def test_lean3_version_registry_and_source():
     five changes: descriptors made once per block (each use adds a constant), the stage as a
     running counter, the row max as a tree and four row-sum chains, P packed right after the
     wait for the previous P V, the producer's waits with a sleep."""
-    from flashref.gpu.versions import PREFERENCE, base_of, code_lines
+    from flashref.gpu.versions import PREFERENCE, base_of
 
     ver, v28 = fg.VERSIONS[30], fg.VERSIONS[28]
     assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(30) == 28
@@ -476,7 +477,8 @@ def test_lean3_version_registry_and_source():
         with pytest.raises(ValueError, match=r"head dim d=128; version 30 supports d in \(64,\)"):
             fg._check_version(30, dtype, 128)
     assert 30 not in PREFERENCE.values()  # sm_90a only: not for other GPUs
-    text = "\n".join(code_lines(30))
+    text = ver.source()  # with its headers (lean_loop.cuh, persistent_tiles.cuh) pasted in
+    kernel = text.split('extern "C" __global__')[1]
     assert "flash_v30(" in text and "int BH)" in text
     assert "#define NWG 3" in text and "#define CONSUMER_REGS 160" in text
     assert "#define PRODUCER_REGS 24" in text
@@ -497,8 +499,8 @@ def test_lean3_version_registry_and_source():
     body = loop.split("for (int it = 1; it < n_mine; it++) {")[1]
     assert "pack_p" not in body.split("wgmma_wait<0>();")[0]
     assert re.search(r"wgmma_wait<0>\(\);\s+wgmma_fence_acc\(o\);\s+pack_p\(p, s\);", body)
-    assert text.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in text
-    assert "mbar_wait(q_empty" not in text
+    assert kernel.count("mbar_wait_suspend(") == 2 and "mbar_wait(empty0" not in kernel
+    assert "mbar_wait(q_empty" not in kernel
     header = ver.path.read_text().split("#ifndef HEAD_DIM")[0]
     assert "What changes from version 28" in header and "version 29" in header
     assert not re.search(r"\d+(\.\d+)?x\b", header)  # no measured ratio in the header

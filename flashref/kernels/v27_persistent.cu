@@ -52,6 +52,9 @@
 // Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
 // comment holds no numbers, so it cannot disagree with them.
 //
+// The producer's K/V load and work_tile() are in persistent_tiles.cuh, which versions 28 to
+// 30 share.
+//
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>, d in {64, 128} (and
 // -DFLASHREF_BF16 for bfloat16). The caller guarantees scale > 0 (a negative scale is folded
 // into Q), passes version 23's tensor maps of Q (box 64 x 64) and K, V (box Bc x 64) viewed as
@@ -195,36 +198,7 @@ __device__ __forceinline__ void turn_end(int cw, int turn, int n_turns, bool mor
     if (cw == 0 || more || turn + 1 < n_turns) named_bar_arrive(PINGPONG_BAR + 1 - cw, NCONSUMERS);
 }
 
-// the producer thread: the K and V tile at row0 into stage (Ks, Vs), counted on barrier full
-__device__ __forceinline__ void load_kv(u32 Ks, u32 Vs, const TensorMap* kmap, const TensorMap* vmap,
-                                        int row0, u32 full)
-{
-    mbar_arrive_expect_tx(full, 2 * KV_BYTES);
-#pragma unroll
-    for (int b = 0; b < NBOX; b++) {
-        tma_load_2d(Ks + b * BOX_KV, kmap, 64 * b, row0, full);
-        tma_load_2d(Vs + b * BOX_KV, vmap, 64 * b, row0, full);
-    }
-}
-
-// work tile `item` of Tr * BH: its query block and (batch, head). Without causal the Tr query
-// blocks of one head are side by side, as version 23's grid has them; with causal the heads
-// go in sections of G, and inside a section level by level (every head's longest query block
-// first), every other level through the section's heads backwards
-__device__ __forceinline__ void work_tile(int item, int Tr, int BH, int G, int causal, int& q_block,
-                                          int& bh)
-{
-    if (!causal) {
-        bh = item / Tr;
-        q_block = item % Tr;
-        return;
-    }
-    const int h0 = item / (G * Tr) * G, Gs = min(G, BH - h0);  // the section's first head, heads
-    const int j = item - h0 * Tr;                               // place inside the section
-    const int level = j / Gs, r = j % Gs;
-    q_block = Tr - 1 - level;
-    bh = h0 + ((level & 1) ? Gs - 1 - r : r);
-}
+#include "persistent_tiles.cuh"  // load_kv, work_tile (the order of the work tiles)
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 flash_v27(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
