@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from . import stream_buffers
+
 MIN_COUNTERS = 1024  # 4 KiB: every row block count up to this shares one buffer
 
 _buffers: dict = {}
@@ -23,30 +25,20 @@ _buffers: dict = {}
 
 def size_class(n: int) -> int:
     """The buffer length that holds ``n`` counters: a power of two, at least MIN_COUNTERS."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int (row blocks to count), got {n!r}")
-    return max(MIN_COUNTERS, 1 << (n - 1).bit_length())
+    return stream_buffers.size_class(n, MIN_COUNTERS, "row blocks to count")
 
 
-def _key(cp, n: int):
-    return cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, size_class(n)
+def _zeros(cp):
+    return lambda length: cp.zeros(length, dtype=cp.uint32)
 
 
 def counter_buffer(cp, n: int):
     """The zeroed ``uint32`` buffer of at least ``n`` counters for the current device and stream."""
-    key = _key(cp, n)
-    if key not in _buffers:
-        _buffers[key] = cp.zeros(key[2], dtype=cp.uint32)
-    return _buffers[key]
+    return stream_buffers.buffer(_buffers, cp, size_class(n), _zeros(cp))
 
 
 @contextmanager
 def counting(cp, n: int):
     """``with counting(cp, n) as counters: launch(...)``; on an exception the buffer is dropped."""
-    key = _key(cp, n)
-    buf = counter_buffer(cp, n)
-    try:
+    with stream_buffers.held(_buffers, cp, size_class(n), _zeros(cp)) as buf:
         yield buf
-    except BaseException:
-        _buffers.pop(key, None)
-        raise

@@ -6,7 +6,7 @@ the last split block, versions 4 and 5) reads them back into ``O`` and ``lse``. 
 outside the call reads them afterwards, so they need not be new arrays: allocating them costs
 more host time than a short kernel runs.
 
-One float32 buffer is kept per (device, stream, size class), as
+One float32 buffer is kept per (device, stream, size class) (`flashref.gpu.stream_buffers`), as
 ``flashref.gpu.decode_counters`` keeps its counters: calls on one stream run one after
 another, so a call's kernels have finished with the partials before the next call's kernels
 write them; calls on two streams could run at once, so they do not share. The size class is
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from . import stream_buffers
+
 MIN_FLOATS = 1 << 16  # 256 KiB: every small call shares one buffer
 
 _buffers: dict = {}
@@ -27,22 +29,16 @@ _buffers: dict = {}
 
 def size_class(n: int) -> int:
     """The buffer length that holds ``n`` floats: a power of two, at least MIN_FLOATS."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int (floats of partials), got {n!r}")
-    return max(MIN_FLOATS, 1 << (n - 1).bit_length())
+    return stream_buffers.size_class(n, MIN_FLOATS, "floats of partials")
 
 
-def _key(cp, n: int):
-    return cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, size_class(n)
+def _empty(cp):
+    return lambda length: cp.empty(length, dtype=cp.float32)
 
 
 def workspace(cp, n: int):
     """The float32 buffer of at least ``n`` elements for the current device and stream."""
-    key = _key(cp, n)
-    buf = _buffers.get(key)
-    if buf is None:
-        buf = _buffers[key] = cp.empty(key[2], dtype=cp.float32)
-    return buf
+    return stream_buffers.buffer(_buffers, cp, size_class(n), _empty(cp))
 
 
 def views(buf, rows: int, S: int, d: int):
@@ -59,10 +55,5 @@ def partials(cp, rows: int, S: int, d: int):
     """``with partials(cp, rows, S, d) as (O_part, lse_part): launch(...)``; on an exception
     the buffer is dropped."""
     n = rows * S * (d + 1)
-    key = _key(cp, n)
-    buf = workspace(cp, n)
-    try:
+    with stream_buffers.held(_buffers, cp, size_class(n), _empty(cp)) as buf:
         yield views(buf, rows, S, d)
-    except BaseException:
-        _buffers.pop(key, None)
-        raise
