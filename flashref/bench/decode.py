@@ -33,6 +33,13 @@ one call (``perf_counter`` around it, the device synchronised after each call), 
 row but SDPA MATH; and ``kernel_us``, the GPU time of the call's kernels from
 ``torch.profiler``'s CUDA activity (sum of kernel durations / calls), for the default decode
 version's rows and SDPA FLASH and cuDNN only (``kernel_impls``), to keep the run short.
+
+And the time of a call as a serving loop runs it (``flashref.bench.graph_time``): the
+contiguous rows of every version and SDPA FLASH and cuDNN, captured in a CUDA graph and
+replayed, the inputs rotated among copies that together overflow the L2 (``graph_us``,
+``graph_gbps``, ``graph_ratio_to_cudnn``). Host time is gone from that figure; what stays
+is the kernels and the gaps between them. The paged rows are not graphed: their block
+table is checked on the host every call, which a graph cannot repeat.
 Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
 """
 
@@ -51,6 +58,7 @@ import numpy as np
 from ..gpu.decode import VERSIONS
 from .call_time import host_us, kernel_us
 from .gpu import ClockSampler, _import_torch, _median_ms
+from .graph_time import L2_MULTIPLE, CapturedCalls, graph_calls, input_sets
 from .provenance import driver_version, runtime_version
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
 
@@ -62,6 +70,8 @@ HOST_CALLS = 20  # host_us: the median of this many calls
 KERNEL_CALLS = 5  # kernel_us: profiled calls
 READ_BYTES = 4 * 2**30
 BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
+GRAPH_BACKENDS = ("sdpa_flash", "sdpa_cudnn")  # the SDPA rows that get graph_us
+GRAPH_REPLAYS = 5  # graph_us: each round the median of this many replays
 
 
 def hbm_read_roof(cp, sm_count: int) -> float:
@@ -107,17 +117,24 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
             f"CUDA events; each round the median of {REPEATS} calls after warm-up; "
             "fast implementations over interleaved rounds, SDPA MATH one round"
         ),
+        "graph_rule": (
+            "graph_us: the calls captured in one CUDA graph (torch.cuda.graph on a side stream, "
+            f"relaxed mode), inputs rotated among graph_sets copies (together >= {L2_MULTIPLE}x "
+            f"the L2), graph_calls calls per graph; device events around one replay / "
+            f"graph_calls, each round the median of {GRAPH_REPLAYS} replays, the median over "
+            "interleaved rounds; contiguous flashref rows (the public API) and SDPA FLASH, cuDNN"
+        ),
     }
 
 
-def _inputs(cp, B, Hkv, Nk, dtype, seed):
-    """q (B, HQ, 1, D), k, v (B, Hkv, Nk, D) of normals, filled a sequence at a time."""
+def _inputs(cp, B, Hkv, Nk, dtype, seed, d=D):
+    """q (B, HQ, 1, d), k, v (B, Hkv, Nk, d) of normals, filled a sequence at a time."""
     rng = cp.random.default_rng(seed)
-    q = rng.standard_normal((B, HQ, NQ, D), dtype=cp.float32).astype(dtype)
-    k, v = (cp.empty((B, Hkv, Nk, D), dtype=dtype) for _ in range(2))
+    q = rng.standard_normal((B, HQ, NQ, d), dtype=cp.float32).astype(dtype)
+    k, v = (cp.empty((B, Hkv, Nk, d), dtype=dtype) for _ in range(2))
     for x in (k, v):
         for b in range(B):  # no float32 copy of the whole cache at once
-            x[b] = rng.standard_normal((Hkv, Nk, D), dtype=cp.float32).astype(dtype)
+            x[b] = rng.standard_normal((Hkv, Nk, d), dtype=cp.float32).astype(dtype)
     return q, k, v
 
 
@@ -128,8 +145,10 @@ def impl_names(version: int) -> tuple[str, str]:
 
 
 def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
-    """[(impl, run_or_None, num_splits, note)]: each decode version, contiguous and paged,
-    through the public API (the block table and lengths as host int32 arrays)."""
+    """[(impl, run_or_None, num_splits, note, make_or_None)]: each decode version, contiguous
+    and paged, through the public API (the block table and lengths as host int32 arrays).
+    ``make(q, k, v)`` gives the contiguous call on other inputs of the shape (the graph
+    timing's rotation); the paged rows have none (their table is checked on the host)."""
     from flashref.gpu.decode import decode_attention, decode_plan, paged_decode_attention
 
     cp = ctx["cp"]
@@ -148,28 +167,30 @@ def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
         def contiguous(version=version):
             return decode_attention(q, k, v, version=version)
 
-        out.append((name, contiguous, plan.num_splits, f"decode version {version}"))
+        def make(q, k, v, version=version):  # O and lse both kept by the graph's outputs
+            return lambda: decode_attention(q, k, v, version=version, return_lse=True)
+
+        out.append((name, contiguous, plan.num_splits, f"decode version {version}", make))
         if paged_ok:
             note = f"decode version {version}; page_size {PAGE_SIZE}, block table in order"
 
             def paged(version=version):  # every sequence full: no mask either way
                 return paged_decode_attention(q, kp, vp, bt, lens, causal=False, version=version)
 
-            out.append((paged_name, paged, plan.num_splits, note))
+            out.append((paged_name, paged, plan.num_splits, note, None))
         else:
             out.append((paged_name, None, None, "not run: a second copy of K/V (the pages) "
-                        "would not fit in memory beside the contiguous one"))  # fmt: skip
+                        "would not fit in memory beside the contiguous one", None))  # fmt: skip
     return out
 
 
 def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
-    """[(impl, run_or_None, num_splits, note)] for one shape."""
+    """[(impl, run_or_None, num_splits, note, make_or_None)] for one shape."""
     torch = ctx["torch"]
     Hkv = k.shape[1]
     out = _flashref_impls(ctx, q, k, v, paged_ok, versions)
     if torch is None:
-        return out + [(impl, None, None, "torch not importable") for impl in BACKENDS]
-    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+        return out + [(impl, None, None, "torch not importable", None) for impl in BACKENDS]
     for impl, backend in BACKENDS.items():
         if impl == "sdpa_math" and dtype != "float16":
             continue
@@ -177,19 +198,10 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
         run, note = None, None
         for how in ("enable_gqa", "repeated") if Hkv != HQ else ("plain",):
             try:
-                kk, vv = tk, tv
-                if how == "repeated":  # repeated once, outside the timed call
-                    kk, vv = (x.repeat_interleave(HQ // Hkv, dim=1) for x in (tk, tv))
-
-                def sdpa(be=be, kk=kk, vv=vv, gqa=how == "enable_gqa"):
-                    with ctx["sdpa_kernel"](be):
-                        return torch.nn.functional.scaled_dot_product_attention(
-                            tq, kk, vv, enable_gqa=gqa
-                        )
-
-                sdpa()
+                make = _sdpa_maker(ctx, be, how)
+                run = make(q, k, v)
+                run()
                 torch.cuda.synchronize()
-                run = sdpa
                 done = {
                     "enable_gqa": "enable_gqa=True",
                     "plain": None,
@@ -200,10 +212,33 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
             except Exception as exc:  # a backend may refuse a shape, or run out of memory
                 msg = f"{how}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 note = msg if note is None else f"{note}; {msg}"
-                kk = vv = None
+                run = make = None
                 torch.cuda.empty_cache()
-        out.append((impl, run, None, note if run is not None else f"refused: {note}"))
+        graphed = make if impl in GRAPH_BACKENDS else None
+        out.append((impl, run, None, note if run is not None else f"refused: {note}", graphed))
     return out
+
+
+def _sdpa_maker(ctx, be, how: str):
+    """``make(q, k, v)``: SDPA with backend ``be`` on CuPy inputs (through DLPack), grouped
+    heads by ``how``: ``"enable_gqa"``, ``"plain"`` or ``"repeated"`` (K/V repeated to HQ
+    heads when the call is made, outside what is timed)."""
+    torch = ctx["torch"]
+
+    def make(q, k, v):
+        tq, kk, vv = (torch.from_dlpack(x) for x in (q, k, v))
+        if how == "repeated":
+            kk, vv = (x.repeat_interleave(HQ // kk.shape[1], dim=1) for x in (kk, vv))
+
+        def sdpa():
+            with ctx["sdpa_kernel"](be):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    tq, kk, vv, enable_gqa=how == "enable_gqa"
+                )
+
+        return sdpa
+
+    return make
 
 
 def kernel_impls(versions, cc=None) -> set[str]:
@@ -251,13 +286,13 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
     if torch is not None:
         events["torch"] = lambda: torch.cuda.Event(enable_timing=True)
     for rnd in range(rounds):
-        for impl, run, _, _ in impls:
+        for impl, run, *_ in impls:
             if run is None or (impl == "sdpa_math" and rnd > 0):
                 continue
             make = events["torch" if impl.startswith("sdpa") else "cp"]
             times[impl].append(_median_ms(run, make, REPEATS, 2))
     host, kernel = {}, {}
-    for impl, run, _, _ in impls:
+    for impl, run, *_ in impls:
         if run is None or impl == "sdpa_math":
             continue
         sdpa = impl.startswith("sdpa")
@@ -265,18 +300,18 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
         host[impl] = host_us(run, sync, HOST_CALLS)
         if torch is not None and impl in ctx["kernel_impls"]:
             kernel[impl] = kernel_us(torch, run, KERNEL_CALLS)
-    ref = impls[0][
-        1
-    ]()  # the first version's output: a sanity check of the others (tests/ hold the real)
+    graph = _graph_times(ctx, impls, (q, k, v), kv_bytes, rounds,
+                         seed=B * 1000 + Hkv + Nk)  # fmt: skip
+    ref = impls[0][1]()  # the first version's output: a sanity check of the others (tests/ too)
     rows = []
-    for impl, run, splits, note in impls:
+    for impl, run, splits, note, _ in impls:
         ts = times[impl]
         ms = statistics.median(ts) if ts else None
         row = {**base, "impl": impl, "ms": ms, "ms_min": min(ts) if ts else None,
                "ms_max": max(ts) if ts else None, "round_ms": ts,
                "gbps": kv_bytes / (ms * 1e-3) / 1e9 if ms else None, "bytes": kv_bytes,
                "num_splits": splits, "host_us": host.get(impl), "kernel_us": kernel.get(impl),
-               "note": note}  # fmt: skip
+               "note": note, **graph.get(impl, _NO_GRAPH)}  # fmt: skip
         if run is not None and impl != impls[0][0]:
             other = run()
             other = cp.from_dlpack(other) if not isinstance(other, cp.ndarray) else other
@@ -288,6 +323,55 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
     if torch is not None:
         torch.cuda.empty_cache()
     return rows
+
+
+_NO_GRAPH = {"graph_us": None, "graph_us_min": None, "graph_us_max": None, "graph_gbps": None,
+             "graph_calls": None, "graph_sets": None}  # fmt: skip
+
+
+def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> dict:
+    """{impl: graph fields} for the rows with a ``make``: ``graph_us`` the median over rounds
+    of ``CapturedCalls.replay_us`` (interleaved rounds), with its fastest and slowest round,
+    ``graph_gbps`` from it, the graph's calls and input sets, and
+    ``graph_rel_diff_to_flashref`` (the captured last call's O beside the first row's);
+    a row whose capture failed gets ``graph_note`` instead."""
+    cp, torch = ctx["cp"], ctx["torch"]
+    made = [(impl, make) for impl, run, _, _, make in impls if run is not None and make]
+    if torch is None or not made:
+        return {}
+    q, k, v = inputs
+    B, Hkv, Nk, _ = k.shape
+    n_sets = input_sets(kv_bytes, ctx["l2_bytes"])
+    sets = [inputs] + [_inputs(cp, B, Hkv, Nk, q.dtype, seed=seed + i) for i in range(1, n_sets)]
+    n_calls = graph_calls(kv_bytes, n_sets)
+    captured, out = {}, {}
+    for impl, make in made:
+        try:
+            captured[impl] = CapturedCalls(torch, cp, [make(*sets[i % n_sets])
+                                                       for i in range(n_calls)])  # fmt: skip
+        except Exception as exc:  # a backend that cannot be captured says why
+            out[impl] = {**_NO_GRAPH, "graph_note": f"{type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160]}"}  # fmt: skip
+            torch.cuda.synchronize()
+    times = {impl: [] for impl in captured}
+    for _ in range(rounds):
+        for impl, c in captured.items():
+            times[impl].append(c.replay_us(GRAPH_REPLAYS))
+    first = None
+    for impl, c in captured.items():
+        O = c.last_output()
+        O = O[0] if isinstance(O, tuple) else O  # flashref's (O, lse)
+        O = (O if isinstance(O, cp.ndarray) else cp.from_dlpack(O)).astype(cp.float32)
+        first = O if first is None else first
+        us = statistics.median(times[impl])
+        out[impl] = {"graph_us": us, "graph_us_min": min(times[impl]),
+                     "graph_us_max": max(times[impl]), "graph_gbps": kv_bytes / us * 1e-3,
+                     "graph_calls": n_calls, "graph_sets": n_sets,
+                     "graph_rel_diff_to_flashref": float(cp.linalg.norm(O - first)
+                                                         / cp.linalg.norm(first))}  # fmt: skip
+    del captured, sets
+    torch.cuda.synchronize()
+    return out
 
 
 def run(args) -> dict:
@@ -305,7 +389,8 @@ def run(args) -> dict:
     print(f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
           f"copy {copy:.0f} GB/s", file=sys.stderr)  # fmt: skip
     ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
-           "sm_count": facts["sm_count"], "kernel_impls": kernel_impls(args.versions)}  # fmt: skip
+           "sm_count": facts["sm_count"], "l2_bytes": facts["l2_bytes"],
+           "kernel_impls": kernel_impls(args.versions)}  # fmt: skip
     rows = []
     with ClockSampler() as clock:
         for dtype in args.dtypes:
@@ -326,6 +411,9 @@ def run(args) -> dict:
         r["ratio_to_cudnn"] = r["gbps"] / cudnn["gbps"] if ok else None
         r["fraction_of_read"] = r["gbps"] / read if r["gbps"] else None
         r["fraction_of_copy"] = r["gbps"] / copy if r["gbps"] else None
+        ok = r["graph_gbps"] and cudnn and cudnn["graph_gbps"]
+        r["graph_ratio_to_cudnn"] = r["graph_gbps"] / cudnn["graph_gbps"] if ok else None
+        r["graph_fraction_of_read"] = r["graph_gbps"] / read if r["graph_gbps"] else None
     return {"meta": meta, "rows": rows}
 
 
@@ -353,16 +441,38 @@ def print_table(result: dict) -> None:
         print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{splits if splits else '-':>7}" +
               "".join(f"{c:>22s}" for c in cells))  # fmt: skip
     print("# microseconds per call: host time / kernel time ('-': not measured)")
-    print(f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'':>7s}" +
-          "".join(f"{i:>22s}" for i in impls))  # fmt: skip
-    for dtype, B, Hkv, Nk in keys:
-        sel = {r["impl"]: r for r in result["rows"] if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) ==
-               (dtype, B, Hkv, Nk)}  # fmt: skip
-        cells = [_us_cell(sel.get(i)) for i in impls]
-        print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{'':>7s}" + "".join(f"{c:>22s}" for c in cells))
+    _cell_table(result["rows"], keys, impls, _us_cell)
+    graphed = [i for i in impls if any(r.get("graph_gbps") for r in result["rows"]
+                                       if r["impl"] == i)]  # fmt: skip
+    print("# replayed from a CUDA graph: GB/s (ratio to SDPA cuDNN's, fraction of read)")
+    _cell_table(result["rows"], keys, graphed, _graph_cell)
+    for r in result["rows"]:
+        if r.get("graph_note"):
+            print(f"  graph {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: "
+                  f"{r['graph_note']}")  # fmt: skip
     for r in result["rows"]:
         if r["note"] and r["gbps"] is None:
             print(f"  {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: {r['note']}")
+
+
+def _cell_table(rows, keys, impls, cell) -> None:
+    """A header of ``impls``, then one line per shape of ``keys``: ``cell(row)`` per impl."""
+    print(f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'':>7s}" +
+          "".join(f"{i:>22s}" for i in impls))  # fmt: skip
+    for dtype, B, Hkv, Nk in keys:
+        sel = {r["impl"]: r for r in rows if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) ==
+               (dtype, B, Hkv, Nk)}  # fmt: skip
+        cells = [cell(sel.get(i)) for i in impls]
+        print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{'':>7s}" + "".join(f"{c:>22s}" for c in cells))
+
+
+def _graph_cell(r) -> str:
+    """``GB/s (ratio, fraction of read)`` of a row's graph replay, ``-`` for none."""
+    if r is None or not r.get("graph_gbps"):
+        return "-"
+    ratio = r.get("graph_ratio_to_cudnn")
+    return (f"{r['graph_gbps']:.0f} ({f'{ratio:.2f}' if ratio else '-'}, "
+            f"{r['graph_fraction_of_read']:.2f})")  # fmt: skip
 
 
 def _us_cell(r) -> str:
@@ -379,9 +489,11 @@ def write_json(result: dict, path: Path) -> None:
     """{"meta": {gpu, driver, cuda_runtime, cupy, torch, python, date, hbm_read_gbps,
     hbm_copy_gbps, sm_count, page_size, decode_versions, gbps_rule, host_rule, kernel_rule,
     timing, clocks}, "rows": [{impl, dtype, d, B, Hq, Hkv, Nq, Nk, ms, ms_min, ms_max,
-    round_ms, gbps, bytes, num_splits, host_us, kernel_us, note, rel_diff_to_flashref?,
-    ratio_to_cudnn, fraction_of_read, fraction_of_copy}]} (host_us, kernel_us: None where
-    not measured)"""
+    round_ms, gbps, bytes, num_splits, host_us, kernel_us, note, graph_us, graph_us_min,
+    graph_us_max, graph_gbps, graph_calls, graph_sets, graph_rel_diff_to_flashref?,
+    graph_note?, rel_diff_to_flashref?, ratio_to_cudnn, fraction_of_read, fraction_of_copy,
+    graph_ratio_to_cudnn, graph_fraction_of_read}]} (host_us, kernel_us, graph_*: None where
+    not measured); meta also holds graph_rule"""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
 
