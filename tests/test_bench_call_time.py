@@ -36,8 +36,8 @@ def test_host_time_is_the_median_of_calls_each_synchronised(monkeypatch):
 
 
 def test_kernel_rows_are_the_default_versions_and_sdpa():
-    assert bench.kernel_impls([1, 2, 3, 4, 5, 6], cc=(9, 0)) == {
-        "flashref_v6", "flashref_paged_v6", "sdpa_flash", "sdpa_cudnn"}  # fmt: skip
+    assert bench.kernel_impls([1, 2, 3, 4, 5, 6, 7], cc=(9, 0)) == {
+        "flashref_v7", "flashref_paged_v7", "sdpa_flash", "sdpa_cudnn"}  # fmt: skip
     assert bench.kernel_impls([1, 3], cc=(8, 0)) == {
         "flashref_v3", "flashref_paged_v3", "sdpa_flash", "sdpa_cudnn"}  # fmt: skip
     assert bench.kernel_impls([1], cc=(9, 0)) == {"sdpa_flash", "sdpa_cudnn"}

@@ -157,9 +157,9 @@ def test_bench_decode_is_a_target():
 @pytest.mark.parametrize(
     "version,error,match",
     [
-        (7, ValueError, r"version is 7; the decode kernel versions are \[1, 2, 3, 4, 5, 6\]"),
+        (8, ValueError, r"version is 8; the decode kernel versions are \[1, 2, 3, 4, 5, 6, 7\]"),
         (0, ValueError, r"version is 0"),
-        ("2", TypeError, r"version must be an int in \[1, 2, 3, 4, 5, 6\], got '2'"),
+        ("2", TypeError, r"version must be an int in \[1, 2, 3, 4, 5, 6, 7\], got '2'"),
         (True, TypeError, r"version must be an int"),
         (2.0, TypeError, r"version must be an int"),
     ],
@@ -213,9 +213,9 @@ def test_bench_decode_rows_per_version():
     assert bench.impl_names(3) == ("flashref_v3", "flashref_paged_v3")
     assert bench.impl_names(4) == ("flashref_v4", "flashref_paged_v4")
     assert bench.impl_names(5) == ("flashref_v5", "flashref_paged_v5")
-    assert bench.impl_names(6) == ("flashref_v6", "flashref_paged_v6")
+    assert bench.impl_names(7) == ("flashref_v7", "flashref_paged_v7")
     with pytest.raises(SystemExit):
-        bench.main(["--versions", "7"])
+        bench.main(["--versions", "8"])
 
 
 def test_decode_profile_plan_and_kernel_rows():
@@ -223,11 +223,16 @@ def test_decode_profile_plan_and_kernel_rows():
     from flashref.bench import profile_decode as pd
 
     plan = pd.decode_plan()
-    assert len(plan) == len(dec.VERSIONS) * len(pd.DECODE_SHAPES)
-    assert {c["impl"] for c in plan} == {f"decode_v{v}" for v in dec.VERSIONS}
-    assert {(c["B"], c["Hkv"], c["paged"]) for c in plan} == {(1, 8, False), (8, 32, False),
-                                                              (8, 32, True)}  # fmt: skip
-    assert [c["version"] for c in pd.decode_plan([2])] == [2, 2, 2]
+    contiguous = [s for s in pd.DECODE_SHAPES if not s[3]]
+    assert len(plan) == len(dec.VERSIONS) * len(pd.DECODE_SHAPES) + len(contiguous)
+    assert {c["impl"] for c in plan} == {f"decode_v{v}" for v in dec.VERSIONS} | {pd.CUDNN}
+    shapes = {(c["B"], c["Hkv"], c["paged"]) for c in plan}
+    assert shapes == {(1, 8, False), (8, 32, False), (8, 32, True), (32, 32, False)}
+    cudnn = [c for c in plan if c["impl"] == pd.CUDNN]
+    assert [(c["B"], c["Hkv"], c["Nk"]) for c in cudnn] == [s[:3] for s in contiguous]
+    assert all(c["version"] is None and not c["paged"] for c in cudnn)
+    assert [c["version"] for c in pd.decode_plan([2], cudnn=False)] == [2, 2, 2, 2]
+    assert [c["version"] for c in pd.decode_plan([2])] == [2, None, 2, None, 2, 2, None]
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
     stalls = (("barrier", 0.5), ("long_scoreboard", 9.0), ("wait", 2.0), ("math", 0.1), ("lg", 1.0))
     kern = {"Kernel Name": "decode_split_kv_v2", "gpu__time_duration.sum": 30_000.0,
@@ -272,9 +277,9 @@ def test_version_3_refuses_more_splits_than_its_combine_holds(no_cupy):
 
 def test_default_decode_versions_are_the_best_in_the_recorded_run():
     """HOPPER_DEFAULT_VERSION is the version whose contiguous rows have the highest median
-    ratio to SDPA cuDNN's bandwidth over the shapes of results/gpu_decode.json (ties: the most
-    shapes at 1.0x or more); DEFAULT_VERSION the same among the versions that run on any GPU
-    (not sm_90a)."""
+    ratio to SDPA cuDNN's bandwidth replayed from a CUDA graph over the shapes of
+    results/gpu_decode.json (ties: the most shapes at 1.0x or more); DEFAULT_VERSION the same
+    among the versions that run on any GPU (not sm_90a)."""
     import statistics
     from pathlib import Path
 
@@ -287,8 +292,9 @@ def test_default_decode_versions_are_the_best_in_the_recorded_run():
     contiguous = {impl_names(v)[0]: v for v in recorded}  # row name -> version
     ratios: dict[int, list[float]] = {v: [] for v in recorded}
     for r in doc["rows"]:
-        if r["impl"] in contiguous and r["ratio_to_cudnn"] is not None:
-            ratios[contiguous[r["impl"]]].append(r["ratio_to_cudnn"])
+        if r["impl"] in contiguous and r.get("graph_ratio_to_cudnn") is not None:
+            ratios[contiguous[r["impl"]]].append(r["graph_ratio_to_cudnn"])
+    assert all(len(rs) == len(ratios[dec.DEFAULT_VERSION]) > 0 for rs in ratios.values()), ratios
     score = {v: (statistics.median(rs), sum(x >= 1.0 for x in rs)) for v, rs in ratios.items()}
     assert max(score, key=score.get) == dec.HOPPER_DEFAULT_VERSION, score
     anywhere = {v: sc for v, sc in score.items() if v not in dec.SM90A_VERSIONS}
@@ -316,11 +322,11 @@ def test_default_decode_version_depends_on_the_gpu_and_never_refuses():
 
 
 def test_version_5_plan_shared_memory_and_split_rule():
-    """Version 5: 160 threads (a producer warp), a ring of STAGES_V5 64-key (K, V) tiles, the
-    split rule counting BLOCKS_V5 blocks per SM (one at d = 128 with 32 rows)."""
+    """Version 5: 160 threads (a producer warp), a ring of STAGES_V5 64-key (K, V) tiles,
+    BLOCKS_V5 blocks per SM, and a split rule that fills one block per SM."""
     p4 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=4)
     p5 = fg.decode_plan(1, 32, 8, 1, 32768, 128, 132, version=5)
-    assert p5.threads == 160 and p4.threads == 128 and p5.grid == p4.grid
+    assert p5.threads == 160 and p4.threads == 128 and p5.grid[1:] == p4.grid[1:]
     assert p5.smem_bytes == 1024 + 3 * 2 * 64 * 128 * 2 + 2 * 16 * 136 + 2 * 3 * 8
     assert dec.smem_bytes(64, 2, 5) == 1024 + 6 * 2 * 64 * 64 * 2 + 2 * 32 * 72 + 2 * 6 * 8
     for (d, tiles), blocks in dec.BLOCKS_V5.items():
@@ -328,11 +334,22 @@ def test_version_5_plan_shared_memory_and_split_rule():
         stages = dec.STAGES_V5[(d, tiles)]  # K/V bytes in flight per SM while computing >= v2's
         v2 = dec.BLOCKS_PER_SM * dec.NWARPS * (dec.STAGES_W[d] - 1) * 2 * dec.BK * d * 2
         assert blocks * (stages - 1) * 2 * dec.BC * d * 2 >= v2, (d, tiles)
-    # G * Nq = 32 rows at d = 128: one block per SM, so more splits than 2 blocks would need
-    one = fg.decode_plan(2, 32, 8, 8, 32768, 128, 132, version=5)
-    assert one.row_tiles == 2 and one.num_splits == dec.choose_num_splits(
-        2, 8, 32768, 132, row_blocks=one.row_blocks, blocks_per_sm=1)  # fmt: skip
-    assert one.num_splits != fg.decode_plan(2, 32, 8, 8, 32768, 128, 132, version=4).num_splits
+    # the split rule fills one block per SM (SPLIT_BLOCKS_V5), whatever fits: more splits
+    # than version 4's rule at no shape, fewer wherever one wave of its blocks is short
+    for shape in ((2, 32, 8, 8, 32768, 128, 132), (1, 32, 8, 1, 4096, 128, 132),
+                  (8, 32, 8, 1, 4096, 64, 132), (32, 32, 32, 1, 4096, 128, 132)):  # fmt: skip
+        p5, p4 = fg.decode_plan(*shape, version=5), fg.decode_plan(*shape, version=4)
+        assert p5.num_splits == dec.choose_num_splits(
+            shape[0], shape[2], shape[4], 132, row_blocks=p5.row_blocks,
+            blocks_per_sm=dec.SPLIT_BLOCKS_V5), shape  # fmt: skip
+        assert p5.num_splits <= p4.num_splits, shape
+    assert dec.SPLIT_BLOCKS_V5 == 1 and dec.split_blocks_per_sm(4, 128, 1) == dec.BLOCKS_PER_SM
+    assert [dec.split_blocks_per_sm(v, d, t) for v in (5, 6, 7) for d, t in dec.BLOCKS_V5] == [
+        1
+    ] * 12
+    # B = 1, Hkv = 8: 16 splits give 128 blocks, one per SM of 132 (version 4's rule: 31)
+    assert fg.decode_plan(1, 32, 8, 1, 4096, 128, 132, version=6).num_splits == 16
+    assert fg.decode_plan(1, 32, 8, 1, 4096, 128, 132, version=4).num_splits == 31
 
 
 @pytest.mark.parametrize("version", [5, 6])

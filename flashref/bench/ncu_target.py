@@ -8,7 +8,8 @@ forward's O and lse and a random dO made beforehand), ``naive_cupy`` (matmul, so
 in CuPy) or ``sdpa_flash`` / ``sdpa_cudnn`` (torch SDPA with that backend forced); a decode case
 ``{"impl": "decode_vN", "B", "Hq", "Hkv", "Nk", "d", "dtype", "paged"}`` runs decode version N
 (``flashref.gpu.decode.launch``, one new query per sequence, the cache contiguous or in pages
-of ``PAGE_SIZE`` keys through a block table in order) on inputs of its own. Every case is run
+of ``PAGE_SIZE`` keys through a block table in order) on inputs of its own, and
+``"impl": "decode_sdpa_cudnn"`` SDPA cuDNN on such inputs (contiguous). Every case is run
 once outside the profiled range first (compilation, module load, cuBLAS and cuDNN set-up),
 then, inside ``cudaProfilerStart`` / ``cudaProfilerStop``, each case once, preceded by a tiny
 marker kernel launched with ``case index + 1`` blocks. The profiler records every kernel in
@@ -37,6 +38,8 @@ def decode_call(cp, case: dict):
     q = rng.standard_normal((B, Hq, 1, d), dtype=cp.float32).astype(case["dtype"])
     k, v = (rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(case["dtype"])
             for _ in range(2))  # fmt: skip
+    if case["impl"] == "decode_sdpa_cudnn":  # the baseline at the same shape, contiguous only
+        return _sdpa_decode(cp, q, k, v)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     version = int(case["impl"].removeprefix("decode_v"))
     plan = decode_plan(B, Hq, Hkv, 1, Nk, d, sms, version=version)
@@ -51,9 +54,24 @@ def decode_call(cp, case: dict):
     return lambda: launch(cp, q, kp, vp, bt, lens, page_size=PAGE_SIZE, max_pages=n, **kw)
 
 
+def _sdpa_decode(cp, q, k, v):
+    """SDPA cuDNN on decode inputs (grouped heads through ``enable_gqa``), through DLPack."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+    gqa = tq.shape[1] != tk.shape[1]
+
+    def run():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=gqa)
+
+    return run
+
+
 def make_call(cp, case: dict, inputs):
     """A function that runs ``case`` once on ``inputs`` (q, k, v as CuPy arrays)."""
-    if case["impl"].startswith("decode_v"):
+    if case["impl"].startswith("decode_"):
         return decode_call(cp, case)
     impl, causal = case["impl"], case["causal"]
     q, k, v = inputs
@@ -116,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     calls = []
     for case in plan:
         key = (case["B"], case.get("H"), case.get("N"), case["d"], case["dtype"])
-        if case["impl"].startswith("decode_v"):
+        if case["impl"].startswith("decode_"):
             shapes[key] = None  # a decode case makes its own inputs
         elif key not in shapes:
             x = [rng.standard_normal(key[:4], dtype=cp.float32) for _ in range(3)]

@@ -11,6 +11,11 @@ the benchmark (``python -m flashref.bench decode``) found the gaps:
   and a combine kernel merges them; each block streams only 1024 keys.
 * B = 8, Hkv = 32: 256 blocks of one split each, every block streaming all 32k keys.
 * the same through a block table (pages of ``flashref.bench.decode.PAGE_SIZE`` keys).
+* B = 32, Hkv = 32, Nk = 4k: 1024 blocks of one split each, 4096 keys each, the shape
+  where the graph-replayed benchmark has the Hopper versions furthest below cuDNN.
+
+At every contiguous shape SDPA cuDNN's kernels are profiled too (``decode_sdpa_cudnn``), so
+the counters of the two stand side by side.
 
 For each case the counters of every kernel of the call (the split kernel, and the combine
 kernel where there are splits): DRAM bytes read and DRAM throughput (share of peak), the
@@ -46,18 +51,23 @@ DECODE_METRICS = (
     "sm__cycles_elapsed.avg.per_second",
 )
 # (B, Hkv, Nk, paged) with Hq = 32, d = 128, fp16, one query per sequence
-DECODE_SHAPES = ((1, 8, 32768, False), (8, 32, 32768, False), (8, 32, 32768, True))
+DECODE_SHAPES = ((1, 8, 32768, False), (8, 32, 32768, False), (8, 32, 32768, True),
+                 (32, 32, 4096, False))  # fmt: skip
+CUDNN = "decode_sdpa_cudnn"  # the baseline's case at each contiguous shape
 TOP_STALLS = 4
 
 
-def decode_plan(versions=None) -> list[dict]:
-    """One ncu_target case per (version, shape)."""
+def decode_plan(versions=None, cudnn: bool = True) -> list[dict]:
+    """One ncu_target case per (version, shape), then SDPA cuDNN's at each contiguous shape
+    (``version`` None) unless ``cudnn`` is False."""
     from ..gpu.decode import VERSIONS
 
     chosen = sorted(VERSIONS) if not versions else [v for v in VERSIONS if v in versions]
-    return [{"impl": f"decode_v{v}", "version": v, "B": B, "Hq": 32, "Hkv": Hkv, "Nk": Nk,
+    impls = [(f"decode_v{v}", v) for v in chosen] + ([(CUDNN, None)] if cudnn else [])
+    return [{"impl": impl, "version": v, "B": B, "Hq": 32, "Hkv": Hkv, "Nk": Nk,
              "d": 128, "dtype": "float16", "paged": paged, "causal": False}
-            for B, Hkv, Nk, paged in DECODE_SHAPES for v in chosen]  # fmt: skip
+            for B, Hkv, Nk, paged in DECODE_SHAPES for impl, v in impls
+            if not (paged and v is None)]  # fmt: skip
 
 
 def kernel_rows(kernels: list[dict]) -> list[dict]:
@@ -90,7 +100,8 @@ def print_rows(cases: list[dict]) -> None:
             def f(x):
                 return "-" if x is None else f"{x:.1f}"
 
-            print(f"  v{c['version']} {where:24s} {k['kernel'][:22]:22s} {k['us']:8.1f} us "
+            who = "cuDNN" if c["version"] is None else f"v{c['version']}"
+            print(f"  {who:5s} {where:24s} {k['kernel'][:22]:22s} {k['us']:8.1f} us "
                   f"{k['dram_read_mb']:8.1f} MB dram {f(k['dram_pct'])}% warps "
                   f"{f(k['warps_active_pct'])}% issue {f(k['issue_active_pct'])}% L2 hit "
                   f"{f(k['l2_hit_pct'])}%: {stalls}")  # fmt: skip

@@ -22,7 +22,7 @@ shape and the number of SMs, ``decode_plan`` shows the whole launch and
 every token, so the checks of those are kept per call signature (``flashref.gpu.check_memo``);
 ``lengths`` and ``block_table`` are checked on every call.
 
-Six kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
+Seven kernel versions compute the same thing (``version=``, default ``DEFAULT_VERSION``): version 1
 (``decode_split_kv.cu``) shares each 64-key tile among the block's 4 warps with a block-wide
 barrier per tile; version 2 (``decode_split_kv_v2.cu``) lets each warp stream its own 16-key
 sub-tiles through its own copy pipeline, reads the block table once per sub-tile, and meets
@@ -41,6 +41,9 @@ needs ``page_size`` a multiple of 64 there (a tile then lies in one page). Versi
 (``decode_split_kv_v6.cu``, sm_90a only) is version 5's split kernel without the last-block
 merge (no counters: each split block writes its partials and ends) followed by version 3's
 combine kernel, as a second launch; its plan, shared memory and page-size rule are version 5's.
+Version 7 (``decode_split_kv_v7.cu``, sm_90a only) is version 6 with the producer warp asking
+for its first tiles before the block's barrier (while the consumer warps load Q), not after;
+all else is version 6's.
 """
 
 from __future__ import annotations
@@ -79,17 +82,21 @@ VERSIONS = {
     4: ("decode_split_kv_v4.cu", "decode_split_kv_v4", None),  # v2's split, v3's merge, one launch
     5: ("decode_split_kv_v5.cu", "decode_split_kv_v5", None),  # TMA tiles, v4's merge
     6: ("decode_split_kv_v6.cu", "decode_split_kv_v6", "decode_combine_v3"),  # v5 split, v3 merge
+    7: ("decode_split_kv_v7.cu", "decode_split_kv_v7", "decode_combine_v3"),  # v6, early tiles
 }
-MERGE_IN_REGISTERS = (3, 4, 5, 6)  # versions whose merge holds a row's lse in registers
-# version=None: on compute capability 9.0 version 6 (TMA; any contiguous cache, page sizes a
+MERGE_IN_REGISTERS = (3, 4, 5, 6, 7)  # versions whose merge holds a row's lse in registers
+# version=None: on compute capability 9.0 version 7 (TMA; any contiguous cache, page sizes a
 # multiple of its 64-key tile), elsewhere version 3; both from the recorded run
 # (results/gpu_decode.json, on an H200): the version with the highest median ratio to SDPA
-# cuDNN's bandwidth over the run's shapes (ties: the most shapes at 1.0x or more), among all
-# versions for 9.0 and among those that run anywhere for the rest (a test checks both). The
-# median, as the forward and backward defaults use it: a count of shapes past 1.0x moves
-# with run-to-run noise wherever a version runs close to cuDNN.
+# cuDNN's bandwidth replayed from a CUDA graph (graph_ratio_to_cudnn) over the run's shapes
+# (ties: the most shapes at 1.0x or more), among all versions for 9.0 and among those that
+# run anywhere for the rest (a test checks both). The graph figure, because it is the
+# kernels' time as a decode loop runs them; a single timed call also holds the host's time,
+# which moves by more than the versions differ. The median, as the forward and backward
+# defaults use it: a count of shapes past 1.0x moves with run-to-run noise wherever a
+# version runs close to cuDNN.
 DEFAULT_VERSION = 3
-HOPPER_DEFAULT_VERSION = 6
+HOPPER_DEFAULT_VERSION = 7
 BC = TILE_KEYS  # 64 keys per tile (16 per warp, 4 warps)
 STAGES = 3  # K/V tiles in shared memory per block (version 1)
 BK = 16  # keys per warp sub-tile (version 2)
@@ -97,11 +104,12 @@ STAGES_W = {128: 3, 64: 5}  # version 2: sub-tiles per warp ring, by head dim
 NWARPS = 4
 THREADS = 128
 BLOCKS_PER_SM = 2  # what the shared memory allows at d = 128 (3 x 32 KiB tiles per block)
-# versions 5, 6: (d, row_tiles) -> ring stages of 64-key (K, V) tiles, and blocks per SM (the
+# versions 5 to 7: (d, row_tiles) -> ring stages of 64-key (K, V) tiles, and blocks per SM (the
 # kernel file's STAGES and BLOCKS: at d = 128 with 32 rows, 2 blocks would cap registers at 168)
 STAGES_V5 = {(64, 1): 6, (64, 2): 6, (128, 1): 3, (128, 2): 6}
 BLOCKS_V5 = {(64, 1): 2, (64, 2): 2, (128, 1): 2, (128, 2): 1}
 PRODUCER_WARPS_V5 = 1
+SPLIT_BLOCKS_V5 = 1  # versions 5 to 7: blocks per SM their split rule fills (split_blocks_per_sm)
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # at least 128 keys per split: a choice, not a measurement
 MAX_GRID = 65535  # gridDim.y (K/V heads x row blocks) and gridDim.z (sequences)
@@ -140,12 +148,25 @@ def default_version(cc, page_size=None, rows: int = 0) -> int:
 
 
 def blocks_per_sm(version: int, d: int, row_tiles: int) -> int:
-    """Blocks of this version that fit on an SM (what the split rule counts on)."""
+    """Blocks of this version that fit on an SM (what its launch bounds ask ptxas for)."""
     return BLOCKS_V5[(d, row_tiles)] if version in SM90A_VERSIONS else BLOCKS_PER_SM
 
 
+def split_blocks_per_sm(version: int, d: int, row_tiles: int) -> int:
+    """The blocks per SM the split rule fills: ``SPLIT_BLOCKS_V5`` (one) for versions 5 to 7,
+    ``blocks_per_sm`` (what fits) for the others.
+
+    Versions 5 to 7 keep a whole ring of 64-key tiles in flight from one producer warp, so
+    one block already holds an SM's share of the bandwidth; more splits only add partials to
+    merge. Measured (``tools/decode_split_sweep.py``, results/gpu_decode_splits.json and
+    ``_d64.json``, replayed from a CUDA graph): the split count that gives every SM one block
+    was the fastest at every swept shape where the two rules differ.
+    """
+    return SPLIT_BLOCKS_V5 if version in SM90A_VERSIONS else blocks_per_sm(version, d, row_tiles)
+
+
 def threads(version: int) -> int:
-    """Threads per block: 4 warps, and the producer warp of versions 5 and 6."""
+    """Threads per block: 4 warps, and the producer warp of versions 5 to 7."""
     return THREADS + 32 * PRODUCER_WARPS_V5 if version in SM90A_VERSIONS else THREADS
 
 
@@ -186,12 +207,14 @@ def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: i
                       blocks_per_sm: int = BLOCKS_PER_SM) -> int:  # fmt: skip
     """How many chunks to cut the keys into, from the shape and the GPU's SM count.
 
-    ``B * Hkv * row_blocks`` blocks exist without splitting; ``sm_count * BLOCKS_PER_SM`` run
-    at once. Each split count ``S`` from 1 to ``min(MAX_SPLITS, tiles / MIN_TILES_PER_SPLIT)``
-    gives ``waves = blocks * S / slots``; its efficiency is ``waves / ceil(waves)`` (the last
-    wave's idle slots are waste). The smallest ``S`` within 5% of the best efficiency wins:
-    fewer splits, less combine work, for the same occupancy. A batch that fills the GPU gets 1.
-    ``blocks_per_sm`` (default ``BLOCKS_PER_SM``): what the version's resources allow.
+    ``B * Hkv * row_blocks`` blocks exist without splitting; ``sm_count * blocks_per_sm``
+    slots are filled at once. Each split count ``S`` from 1 to
+    ``min(MAX_SPLITS, tiles / MIN_TILES_PER_SPLIT)`` gives ``waves = blocks * S / slots``;
+    its efficiency is ``waves / ceil(waves)`` (the last wave's idle slots are waste). The
+    smallest ``S`` within 5% of the best efficiency wins: fewer splits, less combine work,
+    for the same occupancy. A batch that fills the GPU gets 1.
+    ``blocks_per_sm`` (default ``BLOCKS_PER_SM``): the blocks per SM to fill
+    (``split_blocks_per_sm`` of the version).
     """
     B, Hkv = check_block(B, "B"), check_block(Hkv, "Hkv")
     Nk, sm_count = check_block(Nk, "Nk", minimum=0), check_block(sm_count, "sm_count")
@@ -230,8 +253,9 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     G = group_size(Hq, Hkv, kv="k")
     tiles, blocks = row_tiles(G, Nq)
     if num_splits is None:
+        per_sm = split_blocks_per_sm(version, d, tiles)
         num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks,
-                                       blocks_per_sm=blocks_per_sm(version, d, tiles))  # fmt: skip
+                                       blocks_per_sm=per_sm)  # fmt: skip
     check_splits(num_splits, version)
     grid = (num_splits, Hkv * blocks, B)
     smem = smem_bytes(d, tiles, version)

@@ -16,7 +16,7 @@ from ..kvcache import _check_causal
 MAX_NQ = 16
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
-SM90A_VERSIONS = (5, 6)  # decode versions built for sm_90a: compute capability 9.0 exactly
+SM90A_VERSIONS = (5, 6, 7)  # decode versions built for sm_90a: compute capability 9.0 exactly
 TILE_KEYS = 64  # keys per tile (flashref.gpu.decode.TILE_KEYS): version 5's TMA box rows
 TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
 
@@ -116,7 +116,7 @@ def check_block_table(block_table, lengths, B: int, P: int, ps: int):
 
 
 def check_device(cc: tuple[int, int], version: int, name: str = "this GPU") -> None:
-    """Versions 5 and 6 need an sm_90a GPU (compute capability 9.0 exactly): a clear error,
+    """Versions 5 to 7 need an sm_90a GPU (compute capability 9.0 exactly): a clear error,
     not an NVRTC failure."""
     if version in SM90A_VERSIONS and tuple(cc) != (9, 0):
         raise RuntimeError(
@@ -126,7 +126,7 @@ def check_device(cc: tuple[int, int], version: int, name: str = "this GPU") -> N
 
 
 def check_page_size(page_size: int, rows: int, version: int, what: str) -> None:
-    """Versions 5 and 6 load 64-key tiles from one page: page_size a multiple of TILE_KEYS;
+    """Versions 5 to 7 load 64-key tiles from one page: page_size a multiple of TILE_KEYS;
     and their row index (``rows`` K/V rows in the pool) must fit an int32."""
     if version not in SM90A_VERSIONS:
         return

@@ -47,7 +47,7 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     consts = _scalars(Hq, Hkv, Nq, page_size, max_pages, float(scale), bool(causal))
     null = np.uintp(0)
     bt_arg, len_arg = null if bt is None else bt, null if lengths is None else lengths
-    maps = ()  # the TMA versions' split kernels (5, 6) take K and V's maps last
+    maps = ()  # the TMA versions' split kernels (5 to 7) take K and V's maps last
     if plan.version in SM90A_VERSIONS:  # K and V as (rows, d), boxes of BC rows
         from ._launch import tensor_map_of
 

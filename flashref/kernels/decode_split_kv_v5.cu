@@ -89,6 +89,8 @@ __device__ __forceinline__ u32 tile_chunk(int r, int c)
 // Version 6 includes this file with V5_KERNEL (its own name for the kernel) and
 // V5_PARTIALS_ONLY defined: the same split kernel without the counters, ending when its
 // partials (or, at S = 1, O and lse) are written; its own combine kernel merges them.
+// Version 7 adds V5_EARLY_START: the producer's lane makes the mbarriers and asks for the
+// first STAGES tiles before the block's barrier, not after it.
 #ifndef V5_KERNEL
 #define V5_KERNEL decode_split_kv_v5
 #endif
@@ -130,10 +132,39 @@ V5_KERNEL(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
     const size_t qrow0 = ((size_t)b * Hq + (size_t)hkv * G) * Nq;  // global row of packed row 0
     const float sl2 = scale * 1.4426950408889634f;  // exp(scale x) = 2^(sl2 x)
 
+#ifdef V5_EARLY_START  // version 7: the producer's lane makes the barriers and asks for the
+    // first STAGES tiles at once, so their DRAM latency overlaps the consumers' Q load. Its
+    // request of tile it of the split into stage it % STAGES is the loop body of versions 5 and
+    // 6's producer below, as a function here; theirs is left as it is, so that versions 5 and 6
+    // build to the code their recorded runs measured.
+    const int* bt = block_table ? block_table + (size_t)b * max_pages : nullptr;
+    auto issue = [&](int it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(empty + 8 * s, (it / STAGES - 1) & 1);  // fill it/STAGES - 1 consumed
+        const int c0 = (t0 + it) * Bc;  // the tile's first key, < L
+        int page = b, slot = c0;        // contiguous cache: page b of page_size = Nk slots
+        if (bt) page = bt[c0 / page_size], slot = c0 % page_size;
+        const int row = (page * Hkv + hkv) * page_size + slot;  // rows < 2^31 (host check)
+        const u32 Ks = ring + s * STAGE5_BYTES, Vs = Ks + KV_BYTES;
+        mbar_arrive_expect_tx(full + 8 * s, STAGE5_BYTES);
+#pragma unroll
+        for (int x = 0; x < NBOX; x++) {
+            tma_load_2d(Ks + x * BOX_BYTES, &kmap, x * BOX, row, full + 8 * s);
+            tma_load_2d(Vs + x * BOX_BYTES, &vmap, x * BOX, row, full + 8 * s);
+        }
+    };
+    const int early = n_tiles < STAGES ? n_tiles : STAGES;
+    if (warp == NWARPS && lane == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, NWARPS);
+        mbar_fence_init();
+        for (int it = 0; it < early; it++) issue(it);
+    }
+#else
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, NWARPS);
         mbar_fence_init();
     }
+#endif
     if (warp < NWARPS) {  // Q rows [row0, row0 + ROWS) of the slab, zeros past M (as version 2)
         const half_t* Qb = Q + qrow0 * D;  // (M, D): the G heads' queries, one contiguous slab
         const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
@@ -158,6 +189,10 @@ V5_KERNEL(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
     for (int mi = 0; mi < MT; mi++) m[mi][0] = m[mi][1] = NEG_INF, l[mi][0] = l[mi][1] = 0.f;
 
     if (warp == NWARPS) {  // the producer: one lane asks for every tile of the split
+#ifdef V5_EARLY_START
+        if (lane == 0)
+            for (int it = early; it < n_tiles; it++) issue(it);  // tiles 0 .. early - 1: asked for
+#else
         if (lane == 0) {
             const int* bt = block_table ? block_table + (size_t)b * max_pages : nullptr;
             for (int it = 0; it < n_tiles; it++) {
@@ -176,6 +211,7 @@ V5_KERNEL(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
                 }
             }
         }
+#endif
     } else {  // a consumer: keys 16 warp .. 16 warp + 15 of every tile
         // each lane's ldmatrix row (as version 2's k_lane, v_lane) and the XOR of its chunk
         const int kr = 16 * warp + (lane % 8) + (lane / 16) * 8, kc = ((lane / 8) % 2) * 8;
