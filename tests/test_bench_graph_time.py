@@ -60,3 +60,61 @@ def test_table_shows_the_graph_rows(capsys):
     assert "paged" not in header and "sdpa_flash" not in header  # no replayed figure
     assert "2100 (1.05, 0.53)" in graph and "2000 (1.00, 0.50)" in graph
     assert "graph sdpa_flash float16 B=1 Hkv=8 Nk=4096: RuntimeError: no" in graph
+
+
+class _Tensor:
+    def __init__(self, shape, tag):
+        self.shape, self.tag = tuple(shape), tag
+
+    def repeat_interleave(self, n, dim):
+        shape = list(self.shape)
+        shape[dim] *= n
+        return _Tensor(shape, f"{self.tag}x{n}")
+
+
+def _fake_torch(monkeypatch, calls):
+    """Modules ``torch`` and ``torch.nn.attention`` that record what SDPA is called with."""
+    import sys
+    import types
+    from contextlib import contextmanager
+
+    torch = types.ModuleType("torch")
+    attention = types.ModuleType("torch.nn.attention")
+    torch.from_dlpack = lambda x: _Tensor(x.shape, x.tag)
+    attention.SDPBackend = types.SimpleNamespace(CUDNN_ATTENTION="cudnn", MATH="math")
+
+    @contextmanager
+    def sdpa_kernel(be):
+        calls.append(("backend", be))
+        yield
+
+    def sdpa(q, k, v, enable_gqa):
+        calls.append(("sdpa", q.shape, k.shape, k.tag, v.tag, enable_gqa))
+        return "O"
+
+    attention.sdpa_kernel = sdpa_kernel
+    torch.nn = types.SimpleNamespace(functional=types.SimpleNamespace(
+        scaled_dot_product_attention=sdpa), attention=attention)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.nn", torch.nn)
+    monkeypatch.setitem(sys.modules, "torch.nn.attention", attention)
+
+
+@pytest.mark.parametrize(
+    ("how", "k_shape", "k_tag", "gqa"),
+    [("enable_gqa", (2, 8, 64, 16), "k", True), ("plain", (2, 8, 64, 16), "k", False),
+     ("repeated", (2, 32, 64, 16), "kx4", False)],
+)  # fmt: skip
+def test_sdpa_decode_calls_the_backend_with_the_grouping(monkeypatch, how, k_shape, k_tag, gqa):
+    from types import SimpleNamespace
+
+    calls = []
+    _fake_torch(monkeypatch, calls)
+    q, k, v = (SimpleNamespace(shape=s, tag=t) for s, t in
+               (((2, 32, 1, 16), "q"), ((2, 8, 64, 16), "k"), ((2, 8, 64, 16), "v")))  # fmt: skip
+    run = bench.sdpa_decode(q, k, v, backend="CUDNN_ATTENTION", how=how)
+    assert calls == []  # made, not yet called: the repeat (if any) is done, outside the call
+    assert run() == "O" and run() == "O"
+    assert calls[0] == ("backend", "cudnn")
+    assert calls[1] == ("sdpa", (2, 32, 1, 16), k_shape, k_tag, k_tag.replace("k", "v"), gqa)
+    assert calls[2:] == calls[:2]  # each call the same, nothing repeated again

@@ -106,16 +106,16 @@ def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp
               f"stack {stack.group(1)} B, spill stores {spills.group(1)} B, "
               f"spill loads {spills.group(2)} B")  # fmt: skip
         assert spills.group(1) == spills.group(2) == stack.group(1) == "0", report
-    blocks = decode.blocks_per_sm(version, d, row_tiles)  # what the split rule counts on
+    blocks = decode.blocks_per_sm(version, d, row_tiles)  # what the launch bounds promise
     assert decode.smem_bytes(d, row_tiles, version) * blocks <= 228 * 1024 - blocks * 1024
 
 
-@pytest.mark.parametrize("version", [5, 6], ids=["v5", "v6"])
+@pytest.mark.parametrize("version", [5, 6, 7], ids=["v5", "v6", "v7"])
 @pytest.mark.parametrize("d,row_tiles", [(64, 1), (64, 2), (128, 1), (128, 2)])
 def test_decode_v5_ring_is_the_plans(version, d, row_tiles, tmp_path):
-    """Version 5's STAGES and BLOCKS (the kernel file's, after the preprocessor; version 6
-    includes it) are flashref.gpu.decode's STAGES_V5 and BLOCKS_V5, which their shared memory
-    and split rule use."""
+    """Version 5's STAGES and BLOCKS (the kernel file's, after the preprocessor; versions 6
+    and 7 include it) are flashref.gpu.decode's STAGES_V5 and BLOCKS_V5, which their shared
+    memory and launch bounds use."""
     from flashref.gpu import decode
 
     probe = tmp_path / "probe.cu"

@@ -14,6 +14,7 @@ run. Prints microseconds per call and writes the rows (with provenance) to ``--o
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -43,11 +44,10 @@ def main(argv=None) -> int:
 
     import cupy as cp
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if args.dtype == "bfloat16":
         import ml_dtypes  # noqa: F401  (the NumPy name CuPy needs)
-    from flashref.bench.decode import _inputs, _meta
+    from flashref.bench.decode import _inputs, _meta, sdpa_decode
     from flashref.bench.graph_time import CapturedCalls, graph_calls, input_sets
     from flashref.bench.roofs import device_facts
     from flashref.gpu.decode import (
@@ -84,17 +84,8 @@ def main(argv=None) -> int:
                 calls = [make(*sets[i % n_sets]) for i in range(n_calls)]
                 graphs[version, S, S == auto] = CapturedCalls(torch, cp, calls)
 
-        def cudnn(q, k, v, gqa=Hkv != HQ):
-            tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
-
-            def run():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return torch.nn.functional.scaled_dot_product_attention(
-                        tq, tk, tv, enable_gqa=gqa
-                    )
-
-            return run
-
+        how = "enable_gqa" if Hkv != HQ else "plain"
+        cudnn = functools.partial(sdpa_decode, backend="CUDNN_ATTENTION", how=how)
         graphs["cudnn", None, None] = CapturedCalls(
             torch, cp, [cudnn(*sets[i % n_sets]) for i in range(n_calls)]
         )

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import platform
 import statistics
@@ -194,11 +195,10 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
     for impl, backend in BACKENDS.items():
         if impl == "sdpa_math" and dtype != "float16":
             continue
-        be = getattr(ctx["SDPBackend"], backend)
         run, note = None, None
         for how in ("enable_gqa", "repeated") if Hkv != HQ else ("plain",):
             try:
-                make = _sdpa_maker(ctx, be, how)
+                make = functools.partial(sdpa_decode, backend=backend, how=how)
                 run = make(q, k, v)
                 run()
                 torch.cuda.synchronize()
@@ -219,26 +219,26 @@ def _impls(ctx, q, k, v, dtype, paged_ok: bool, versions=(1,)):
     return out
 
 
-def _sdpa_maker(ctx, be, how: str):
-    """``make(q, k, v)``: SDPA with backend ``be`` on CuPy inputs (through DLPack), grouped
-    heads by ``how``: ``"enable_gqa"``, ``"plain"`` or ``"repeated"`` (K/V repeated to HQ
-    heads when the call is made, outside what is timed)."""
-    torch = ctx["torch"]
+def sdpa_decode(q, k, v, *, backend: str, how: str):
+    """A call of torch SDPA with ``backend`` (a name in ``SDPBackend``) on decode inputs (CuPy
+    arrays, through DLPack), grouped heads by ``how``: ``"enable_gqa"``, ``"plain"`` (as many
+    K/V heads as query heads) or ``"repeated"`` (K/V repeated to q's heads here, once, outside
+    the call). The benchmark, its graph rows, the profile and the split sweep all call SDPA
+    through this."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def make(q, k, v):
-        tq, kk, vv = (torch.from_dlpack(x) for x in (q, k, v))
-        if how == "repeated":
-            kk, vv = (x.repeat_interleave(HQ // kk.shape[1], dim=1) for x in (kk, vv))
+    be = getattr(SDPBackend, backend)
+    tq, kk, vv = (torch.from_dlpack(x) for x in (q, k, v))
+    if how == "repeated":
+        kk, vv = (x.repeat_interleave(tq.shape[1] // kk.shape[1], dim=1) for x in (kk, vv))
+    gqa = how == "enable_gqa"
 
-        def sdpa():
-            with ctx["sdpa_kernel"](be):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    tq, kk, vv, enable_gqa=how == "enable_gqa"
-                )
+    def run():
+        with sdpa_kernel(be):
+            return torch.nn.functional.scaled_dot_product_attention(tq, kk, vv, enable_gqa=gqa)
 
-        return sdpa
-
-    return make
+    return run
 
 
 def kernel_impls(versions, cc=None) -> set[str]:
@@ -380,7 +380,7 @@ def run(args) -> dict:
     cp = _require_gpu()
     if "bfloat16" in args.dtypes:
         import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
-    torch, SDPBackend, sdpa_kernel = _import_torch()
+    torch, _, _ = _import_torch()
     facts = device_facts(cp)
     read = hbm_read_roof(cp, facts["sm_count"])
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
@@ -388,8 +388,7 @@ def run(args) -> dict:
     meta = _meta(cp, torch, facts, read, copy, args.versions)
     print(f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
           f"copy {copy:.0f} GB/s", file=sys.stderr)  # fmt: skip
-    ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
-           "sm_count": facts["sm_count"], "l2_bytes": facts["l2_bytes"],
+    ctx = {"cp": cp, "torch": torch, "sm_count": facts["sm_count"], "l2_bytes": facts["l2_bytes"],
            "kernel_impls": kernel_impls(args.versions)}  # fmt: skip
     rows = []
     with ClockSampler() as clock:

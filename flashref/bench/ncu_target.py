@@ -39,7 +39,10 @@ def decode_call(cp, case: dict):
     k, v = (rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(case["dtype"])
             for _ in range(2))  # fmt: skip
     if case["impl"] == "decode_sdpa_cudnn":  # the baseline at the same shape, contiguous only
-        return _sdpa_decode(cp, q, k, v)
+        from .decode import sdpa_decode
+
+        how = "enable_gqa" if Hq != Hkv else "plain"
+        return sdpa_decode(q, k, v, backend="CUDNN_ATTENTION", how=how)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     version = int(case["impl"].removeprefix("decode_v"))
     plan = decode_plan(B, Hq, Hkv, 1, Nk, d, sms, version=version)
@@ -52,21 +55,6 @@ def decode_call(cp, case: dict):
     bt = cp.arange(B * n, dtype=cp.int32).reshape(B, n)
     lens = cp.full(B, Nk, dtype=cp.int32)
     return lambda: launch(cp, q, kp, vp, bt, lens, page_size=PAGE_SIZE, max_pages=n, **kw)
-
-
-def _sdpa_decode(cp, q, k, v):
-    """SDPA cuDNN on decode inputs (grouped heads through ``enable_gqa``), through DLPack."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
-    gqa = tq.shape[1] != tk.shape[1]
-
-    def run():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, enable_gqa=gqa)
-
-    return run
 
 
 def make_call(cp, case: dict, inputs):
