@@ -7,10 +7,8 @@ skipped, with the reason printed (``pytest -ra``), everywhere else.
 
 from __future__ import annotations
 
-import builtins
 import functools
 import shutil
-import sys
 
 import pytest
 
@@ -38,18 +36,3 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {gpu_reason}"))
         if item.get_closest_marker("nvcc") and nvcc_reason:
             item.add_marker(pytest.mark.skip(reason=nvcc_reason))
-
-
-@pytest.fixture
-def no_cupy(monkeypatch):
-    """Imports of CuPy fail, as on a machine without it: for the checks that run before any GPU
-    work, and for the messages that say what is missing."""
-    real_import = builtins.__import__
-
-    def fake_import(name, *args, **kwargs):
-        if name == "cupy" or name.startswith("cupy."):
-            raise ImportError("No module named 'cupy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    monkeypatch.setattr(builtins, "__import__", fake_import)

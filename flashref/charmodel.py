@@ -190,8 +190,9 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
 
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
     from .bench.provenance import driver_version
-    from .gpu import _check_version, _device_cc
+    from .gpu._runtime import _device_cc
     from .gpu.backward import _check_bwd_version
+    from .gpu.forward import _check_version
 
     d = cfg.d_model // cfg.n_heads  # what version=None runs here for the model's attention
     cc = _device_cc(cupy)

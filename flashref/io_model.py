@@ -249,7 +249,7 @@ ALGORITHM_0 = (  # the paper's standard attention
     ("P = softmax(S)", ("S",), ("P",)),
     ("O = P V", ("P", "V"), ("O",)),
 )
-NAIVE_CUPY = (  # flashref.bench.gpu.naive_cupy, not causal; P is written over S
+NAIVE_CUPY = (  # flashref.bench.forward.naive_cupy, not causal; P is written over S
     ("S = q @ k^T", ("Q", "K"), ("S",)),
     ("S *= scale", ("S",), ("S",)),
     ("m = S.max(-1)", ("S",), ("m",)),

@@ -28,6 +28,7 @@ except ImportError as exc:
 from contextlib import contextmanager
 
 from . import gpu
+from .gpu import _runtime
 
 # What flashref.gpu.flash_attention_backward takes (the forward takes more: float32, other d).
 BACKWARD_DTYPES = ("float16", "bfloat16")
@@ -37,7 +38,7 @@ BACKWARD_HEAD_DIMS = (64, 128)
 @contextmanager
 def _on_torch_stream(device: torch.device):
     """CuPy's current device and stream set to torch's for ``device`` while inside."""
-    cp = gpu._require_gpu()
+    cp = _runtime._require_gpu()
     stream = torch.cuda.current_stream(device)
     with cp.cuda.Device(device.index), cp.cuda.ExternalStream(stream.cuda_stream, device.index):
         yield
@@ -81,7 +82,7 @@ def _check(q, k, v, causal, scale) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    dtype, d, _, _ = gpu._check_inputs(q, k, v, causal, scale, False)  # shapes, dtypes, flags
+    dtype, d, _, _ = _runtime._check_inputs(q, k, v, causal, scale, False)  # shapes, dtypes, flags
     grads = [name for name, x in (("q", q), ("k", k), ("v", v)) if x.requires_grad]
     if grads and torch.is_grad_enabled():
         if dtype not in BACKWARD_DTYPES:

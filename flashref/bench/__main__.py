@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import sys
 
+# subcommand -> the module under flashref.bench whose main() runs it
+MODULES = {"cpu": "cpu", "gpu": "forward", "decode": "decode", "profile": "profile.main",
+           "roofs": "roofs"}  # fmt: skip
 TARGETS = {
     "cpu": "naive vs tiled NumPy attention: time and peak memory",
     "gpu": "every CUDA kernel version vs naive CuPy and torch SDPA backends",
@@ -24,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, what in TARGETS.items():
             print(f"  {name:8s} {what}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"flashref.bench.{argv[0]}")
+    module = importlib.import_module(f"flashref.bench.{MODULES[argv[0]]}")
     return module.main(argv[1:])
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gpu import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
+from ._common import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
 from .provenance import driver_version, runtime_version
 
 DEFAULT_N = (1024, 4096, 16384)
@@ -88,9 +88,10 @@ def _meta(cp, torch, args) -> dict:
 def _impls(ctx, d, causal, dtype, x):
     """[(impl, direction, version, run, grads_or_None)] for one configuration."""
     cp, torch = ctx["cp"], ctx["torch"]
-    from flashref.gpu import BWD_VERSIONS, _device_cc, flash_attention
-    from flashref.gpu import _check_version as forward_version
+    from flashref.gpu import BWD_VERSIONS, flash_attention
+    from flashref.gpu._runtime import _device_cc
     from flashref.gpu.backward import get_functions, launch_backward
+    from flashref.gpu.forward import _check_version as forward_version
 
     q, k, v, do = x
     scale = 1 / math.sqrt(d)
@@ -181,7 +182,7 @@ def bench_config(ctx, d, N, causal, dtype, x, rounds: int) -> list[dict]:
 
 
 def run(args) -> dict:
-    from flashref.gpu import _require_gpu
+    from flashref.gpu._runtime import _require_gpu
 
     cp = _require_gpu()
     if "bfloat16" in args.dtypes:

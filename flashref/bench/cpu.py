@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flashref import naive_attention, tiled_attention
+from flashref.attention import naive_attention, tiled_attention
 
 D = 64
 DTYPE = np.float32

@@ -28,13 +28,13 @@ round. flashref rows time the public API, as SDPA's rows do: ``decode_attention`
 serving loop holds them (the events are recorded before the call's Python runs, so its host
 time is in the event time wherever the kernels are shorter than it).
 
-Two more times per row (``flashref.bench.call_time``): ``host_us``, the median host time of
+Two more times per row (``flashref.bench.timing.call_time``): ``host_us``, the median host time of
 one call (``perf_counter`` around it, the device synchronised after each call), for every
 row but SDPA MATH; and ``kernel_us``, the GPU time of the call's kernels from
 ``torch.profiler``'s CUDA activity (sum of kernel durations / calls), for the default decode
 version's rows and SDPA FLASH and cuDNN only (``kernel_impls``), to keep the run short.
 
-And the time of a call as a serving loop runs it (``flashref.bench.graph_time``): the
+And the time of a call as a serving loop runs it (``flashref.bench.timing.graph_time``): the
 contiguous rows of every version and SDPA FLASH and cuDNN, captured in a CUDA graph and
 replayed, the inputs rotated among copies that together overflow the L2 (``graph_us``,
 ``graph_gbps``, ``graph_ratio_to_cudnn``). Host time is gone from that figure; what stays
@@ -57,11 +57,11 @@ from pathlib import Path
 import numpy as np
 
 from ..gpu.decode import VERSIONS
-from .call_time import host_us, kernel_us
-from .gpu import ClockSampler, _import_torch, _median_ms
-from .graph_time import L2_MULTIPLE, CapturedCalls, graph_calls, input_sets
+from ._common import ClockSampler, _import_torch, _median_ms
 from .provenance import driver_version, runtime_version
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
+from .timing.call_time import host_us, kernel_us
+from .timing.graph_time import L2_MULTIPLE, CapturedCalls, graph_calls, input_sets
 
 HQ, NQ, D = 32, 1, 128
 BATCHES, KV_HEADS, CONTEXTS = (1, 8, 32), (32, 8), (4096, 32768, 131072)
@@ -244,13 +244,13 @@ def sdpa_decode(q, k, v, *, backend: str, how: str):
 def kernel_impls(versions, cc=None) -> set[str]:
     """The rows that get ``kernel_us``: the default decode version of this GPU (contiguous,
     and paged with ``PAGE_SIZE``) where it is among ``versions``, SDPA FLASH and cuDNN."""
-    from flashref.gpu.decode import default_version
+    from flashref.gpu.decode import default_decode_version
 
     if cc is None:
         from flashref.gpu._launch import device_facts as gpu_facts
 
         cc = gpu_facts()[0]
-    contiguous, paged = default_version(cc, None), default_version(cc, PAGE_SIZE)
+    contiguous, paged = default_decode_version(cc, None), default_decode_version(cc, PAGE_SIZE)
     rows = {impl_names(contiguous)[0]} if contiguous in versions else set()
     rows |= {impl_names(paged)[1]} if paged in versions else set()
     return rows | {"sdpa_flash", "sdpa_cudnn"}
@@ -375,7 +375,7 @@ def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> d
 
 
 def run(args) -> dict:
-    from flashref.gpu import _require_gpu
+    from flashref.gpu._runtime import _require_gpu
 
     cp = _require_gpu()
     if "bfloat16" in args.dtypes:

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..gpu.versions import KERNEL_DIR, paste_includes
+from ..gpu.registry import KERNEL_DIR, paste_includes
 
-ROOF_DIR = KERNEL_DIR / "roofs"
+ROOF_DIR = KERNEL_DIR / "probes"  # the ceilings' microbenchmarks, beside the layout probes
 REPEATS = 7
 
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashref.bench roofs", description=__doc__)
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
     args = parser.parse_args(argv)
-    from ..gpu import _require_gpu
+    from ..gpu._runtime import _require_gpu
 
     cp = _require_gpu()
     result = measure(cp)

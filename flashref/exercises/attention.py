@@ -80,7 +80,7 @@ __all__ = [
 # whatever its summation order, and one that computes in float32 passes the
 # moderate-score cases (errors ~1e-7) but not scores near 1000, where float32 rounds
 # each score by ~6e-5: that failure is named float32 precision. Every named mistake
-# misses by more than 1e-2 on the cases that expose it (tests/test_exercises_attention.py
+# misses by more than 1e-2 on the cases that expose it (tests/exercises/test_exercises_attention.py
 # plants each one).
 TOL = 1e-5
 

@@ -26,7 +26,7 @@ scores near 1000, where float32 rounds each score by about 6e-5, and that failur
 named float32 precision (its band, as in ``_run``, counts ``max|S| + max|lse| + d + dv +
 N`` roundings). Each named mistake of ``_backward_mistakes`` misses by more than 1e-2 on
 some case, and on every case either by more than 1e-4 or, where the case cannot expose
-it, not at all beyond rounding (``tests/test_exercises_backward.py`` plants each one). A
+it, not at all beyond rounding (``tests/exercises/test_exercises_backward.py`` plants each one). A
 mistake is named when its simulated output reproduces a wrong array of the answer
 (``_parts``); the names found for dq, dk and dv (or D and dS) are listed together.
 """

@@ -26,7 +26,7 @@ the splits' outputs) and its ``lse`` against ``TOL`` absolute (an error ``e`` in
 answer lands within ~1e-13, a float32 one misses on the case whose ``lse`` is near
 1000 and is called float32 precision, and every mistake of ``_decode_mistakes`` misses
 by more than 0.1, or gives NaN, on a case that exposes it
-(``tests/test_exercises_decode.py`` plants each one).
+(``tests/exercises/test_exercises_decode.py`` plants each one).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ output. ``TOL`` is the tiled checker's (``attention.TOL``): a float64 answer lan
 within ~1e-13 whatever its order of operations, a float32 one misses on scores near
 1000 (each rounded by ~6e-5) and is called float32 precision, and every mistake of
 ``_ring_mistakes`` misses by more than 0.1, or gives NaN, on a case that exposes it
-(``tests/test_exercises_ring.py`` plants each one).
+(``tests/exercises/test_exercises_ring.py`` plants each one).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import os
 import cupy as cp
 import numpy as np
 
-from .versions import max_persistent_blocks
+from .forward_versions import max_persistent_blocks
 
 # CuPy adds -arch=sm_XY for the current device. FLASHREF_NVRTC_FLAGS adds more, for example
 # -lineinfo, which lets Nsight Compute's source view map SASS back to .cu lines.
@@ -78,7 +78,7 @@ def tensor_map_of(x2, box_rows: int):
     one is exactly what a new call would make for the same key (the dtype object itself is
     the key: equal NumPy dtypes are the same element type).
     """
-    from .hopper import tensor_map
+    from .tma import tensor_map
 
     key = (x2.data.ptr, x2.shape, x2.strides, x2.dtype, box_rows, cp.cuda.runtime.getDevice())
     m = _maps.get(key)

@@ -23,8 +23,8 @@ import numbers
 
 import numpy as np
 
-from . import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
-from .bwd_versions import (
+from ._runtime import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
+from .backward_versions import (
     BWD_VERSIONS,
     CONVERT_THREADS,
     PRE_THREADS,
@@ -240,7 +240,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     q, k, v, o, lse, do = (
         _to_cupy(cp, x, n) for n, x in zip(names, (q, k, v, o, lse, do), strict=True)
     )
-    from . import _check_capability, _device_cc
+    from ._runtime import _check_capability, _device_cc
 
     if version is None:  # this GPU's default (BWD_HOPPER_PREFERENCE on compute capability 9.0)
         ver = _check_bwd_version(None, dtype, d, causal, _device_cc(cp))

@@ -1,10 +1,10 @@
 """How close a GPU kernel must come to the float64 reference: FlashAttention's rule, once.
 
 A kernel's relative error against float64 may be at most about twice the error of the naive
-algorithm (matmul, softmax, matmul) run in the kernel's own precision on the same inputs, plus
-a small floor for inputs where that naive error happens to be exactly zero, and never above an
-absolute ceiling per dtype. ``tests/test_gpu.py`` applies it to every version; chapter 7 prints
-it for bf16. The backward kernels have the same rule with their own ceilings (below).
+algorithm (matmul, softmax, matmul) run in the kernel's own precision on the same inputs, plus a
+small floor for inputs where that naive error happens to be exactly zero, and never above an
+absolute ceiling per dtype. ``tests/gpu/test_forward.py`` applies it to every version; chapter 7
+prints it for bf16. The backward kernels have the same rule with their own ceilings (below).
 """
 
 from __future__ import annotations

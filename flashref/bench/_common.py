@@ -1,0 +1,91 @@
+"""What the forward, backward and decode benchmarks share: the shapes, the timing of one
+config, the SM clock sampler, and torch's SDPA when it is there."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+
+HEADS = 16
+REPEATS = 10  # calls per timing; each round's number is their median
+
+
+def batch(N: int) -> int:
+    return max(1, 2 * 16384 // N)
+
+
+def flops(B: int, N: int, d: int, causal: bool) -> float:
+    f = 4.0 * B * HEADS * N * N * d
+    return f / 2 if causal else f
+
+
+def _median_ms(run, make_event, repeats: int, warmup: int) -> float:
+    """Median over ``repeats`` of one call, timed by device events around it."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start, end = make_event(), make_event()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append((start, end))
+    return statistics.median(_elapsed(s, e) for s, e in times)
+
+
+def _elapsed(start, end) -> float:
+    if hasattr(start, "elapsed_time"):  # torch.cuda.Event
+        return start.elapsed_time(end)
+    import cupy as cp
+
+    return cp.cuda.get_elapsed_time(start, end)
+
+
+class ClockSampler:
+    """Samples the SM clock through NVML every 0.2 s while it runs (None without NVML)."""
+
+    def __init__(self):
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            self._nvml = None
+
+    def __enter__(self):
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            clock = self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM)
+            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+            if util > 50:  # only while kernels run
+                self.samples.append(int(clock))
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    def summary(self) -> dict | None:
+        if not self.samples:
+            return None
+        s = sorted(self.samples)
+        return {"median_mhz": s[len(s) // 2], "min_mhz": s[0], "max_mhz": s[-1], "samples": len(s)}
+
+
+def _import_torch():
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except Exception:
+        return None, None, None
+    if not torch.cuda.is_available():
+        return None, None, None
+    return torch, SDPBackend, sdpa_kernel

@@ -1,0 +1,289 @@
+"""Run ring attention on this machine's GPUs (NCCL) or CPUs (gloo), check it, time it.
+
+    python -m flashref.bench.ring --gpus 2 --seq 131072 [--layout zigzag] [--causal]
+                                [--dtype bf16] [--check] [--out results/gpu_ring.json]
+    python -m flashref.bench.ring --cpu 3 --seq 96 --layout zigzag --causal --check
+
+One process per device (``torch.multiprocessing.spawn``), each running
+``flashref.ring.dist.ring_forward`` on its shard. Rank 0 draws seeded q, k, v of shape
+``(batch, heads, seq, head_dim)`` and broadcasts them; every rank keeps its shard.
+
+``--check`` gathers the output on rank 0 and compares it with attention on the whole
+sequence on one device: on CPUs (float64) ``flashref.naive_attention``, relative error at
+most 1e-12 (as tests/ring/test_ring.py); on GPUs, on 64 query rows spread over the sequence,
+the float64 reference, with the tolerance of tests/gpu/test_forward.py (``flashref.gpu.tolerances``:
+twice the error of a same-precision naive attention on those rows, plus a floor), and
+the whole output against flashref's single-GPU forward, within the dtype's ceiling.
+
+On GPUs it also times the ring forward (CUDA events, median of ``--reps`` after
+``--warmup``, the slowest rank each time) against the single-GPU forward of the whole
+sequence on rank 0's GPU in the same run, the fraction of ideal (single / W over ring),
+and per step the compute and transfer time on the two streams and the hidden share of
+the transfer. It prints a table and writes JSON with provenance to ``--out``.
+
+(A module of its own rather than ``python -m flashref.ring``: ``import flashref`` already
+imports ``flashref.ring``, and running an imported module as ``__main__`` makes Python warn
+and hold two copies of it.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .._checks import check_flag, check_qkv, check_scale
+from ..ring.simulate import _check_layout
+from . import ring_check
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+RTOL64 = 1e-12  # float64: see tests/ring/test_ring.py
+
+
+def spawn(fn, nprocs: int, *args) -> None:
+    """Run ``fn(rank, nprocs, init_method, *args)`` in ``nprocs`` new processes.
+
+    Every process gets ``ring_dist.NO_MULTICAST`` in its environment; they meet through a
+    file (``init_method``) in a fresh temporary directory, so no port can be taken already.
+    """
+    import torch.multiprocessing as mp
+
+    from ..ring.dist import no_multicast_env
+
+    no_multicast_env()  # children inherit os.environ
+    with tempfile.TemporaryDirectory() as tmp:
+        init_method = f"file://{os.path.join(tmp, 'rendezvous')}"
+        mp.spawn(fn, args=(nprocs, init_method, *args), nprocs=nprocs, join=True)
+
+
+ATTEND = ("reference", "flash")
+
+
+def _gather(O, lse, pairs, layout):
+    """Every rank's ``(O, lse, pairs)``, in global order: on rank 0 ``(O, lse, pairs (W, W))``."""
+    import torch
+    import torch.distributed as dist
+
+    from ..ring.dist import unshard
+
+    W = dist.get_world_size()
+    Os, lses = [torch.empty_like(O) for _ in range(W)], [torch.empty_like(lse) for _ in range(W)]
+    dist.all_gather(Os, O)
+    dist.all_gather(lses, lse)
+    all_pairs = [None] * W
+    dist.all_gather_object(all_pairs, pairs)
+    lse = unshard([x[..., None] for x in lses], layout)[..., 0]  # (..., N)
+    return unshard(Os, layout), lse, np.array(all_pairs).T  # (..., N, dv), (..., N), (W, W)
+
+
+def _gloo_rank(rank, W, init_method, q, k, v, causal, layout, scale, attend, out_path):
+    import torch
+    import torch.distributed as dist
+
+    from ..ring import dist as rd
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=W)
+    try:
+        fn = rd.reference_attend if attend == "reference" else rd.flash_attend_from_cpu
+        parts = [rd.shard(torch.from_numpy(x), rank, W, layout) for x in (q, k, v)]
+        out = rd.ring_forward(
+            *parts, N=q.shape[-2], causal=causal, layout=layout, attend=fn, scale=scale
+        )
+        O, lse, pairs = _gather(*out, layout)
+        if rank == 0:
+            np.savez(out_path, O=O.numpy(), lse=lse.numpy(), pairs=pairs)
+    finally:
+        dist.destroy_process_group()
+
+
+def ring_attention_gloo(
+    q, k, v, *, world_size, causal=False, layout="contiguous", scale=None, attend="reference"
+):
+    """``flashref.ring_attention`` run by ``world_size`` real processes talking over gloo.
+
+    NumPy arrays ``(..., N, d)`` in (one sequence: ``q`` and ``k`` of one length and the
+    same heads), NumPy out: ``(O, lse, pairs)``, ``pairs (W, W)`` as ``RingSchedule.pairs``
+    (step, rank). ``attend="reference"``: each rank computes in the inputs' dtype with
+    ``reference_attend``; ``"flash"``: with flashref's kernel on GPU 0 (float16 inputs),
+    so that the pairs a ring gives the kernel are tested on a machine with one GPU.
+    """
+    q, k, v, dtype, G = check_qkv(q, k, v)
+    if G != 1 or q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"ring_attention_gloo takes q, k, v of one sequence with the same heads; got q "
+            f"{q.shape}, k {k.shape} (grouped heads are for flashref.ring_attention)"
+        )
+    causal = check_flag(causal, "causal")
+    _check_layout(q.shape[-2], world_size, layout)
+    scale = check_scale(scale, q.shape[-1], q.dtype)
+    if attend not in ATTEND:
+        raise ValueError(f"attend must be one of {ATTEND}, got {attend!r}")
+    if attend == "flash" and dtype != np.float16:
+        raise TypeError(f"attend='flash' takes float16 q, k, v (the kernel's dtype), got {dtype}")
+    dtype = dtype.newbyteorder("=")  # torch takes native byte order only
+    q, k, v = (np.ascontiguousarray(x, dtype=dtype) for x in (q, k, v))  # one dtype
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.npz")
+        spawn(_gloo_rank, world_size, q, k, v, causal, layout, scale, attend, path)
+        with np.load(path) as f:
+            return f["O"], f["lse"], f["pairs"]
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(
+        prog="python -m flashref.bench.ring", description=__doc__.split("\n\n")[0]
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--gpus", type=int, help="processes, one per GPU, talking over NCCL")
+    where.add_argument("--cpu", type=int, help="processes on the CPU, talking over gloo (float64)")
+    p.add_argument("--seq", type=int, required=True, help="sequence length N")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="GPU dtype")
+    p.add_argument("--check", action="store_true", help="compare with one-device attention")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in ("gpus", "cpu", "seq", "batch", "heads", "head_dim", "reps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if os.environ.get("NCCL_NVLS_ENABLE") not in (None, "0"):
+        p.error(
+            f"NCCL_NVLS_ENABLE is set to {os.environ['NCCL_NVLS_ENABLE']!r}; ring attention keeps "
+            "NCCL's NVLink multicast off (NCCL_NVLS_ENABLE=0): unset it or set it to 0"
+        )
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        p.error(f"ring attention runs under torch.distributed, and torch is not installed ({exc})")
+    try:
+        _check_layout(args.seq, args.gpus or args.cpu, args.layout)
+    except ValueError as exc:
+        p.error(f"--seq {args.seq}: {exc}")
+    if args.gpus:
+        _check_gpus(p, args)
+    return args
+
+
+def _check_gpus(p, args):
+    """Everything a GPU run needs, before any process starts."""
+    import torch
+    import torch.distributed as dist
+
+    from ..gpu import gpu_unavailable_reason
+    from ..gpu.forward import _check_version
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < args.gpus:
+        p.error(f"--gpus {args.gpus}: torch sees {have} CUDA GPU(s) on this machine")
+    if not dist.is_nccl_available():
+        p.error("--gpus: this torch was built without NCCL")
+    reason = gpu_unavailable_reason()
+    if reason:
+        p.error(f"--gpus: flashref.gpu cannot run: {reason}")
+    for causal in {False, args.causal}:  # a causal ring also runs unmasked pairs
+        try:
+            _check_version(None, DTYPES[args.dtype], args.head_dim, causal)
+        except ValueError as exc:
+            p.error(f"--head-dim {args.head_dim}: {exc}")
+
+
+def _setup(rank, W, init_method, gpu):
+    import torch
+    import torch.distributed as dist
+
+    if gpu:
+        import cupy
+
+        torch.cuda.set_device(rank)
+        cupy.cuda.Device(rank).use()
+        device = torch.device("cuda", rank)
+        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=W,
+                                device_id=device)  # fmt: skip
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=W)
+    return device
+
+
+def _rank_main(rank, W, init_method, args, result_path):
+    import torch
+    import torch.distributed as dist
+
+    from ..ring import dist as rd
+
+    gpu = bool(args.gpus)
+    device = _setup(rank, W, init_method, gpu)
+    try:
+        dtype = getattr(torch, DTYPES[args.dtype]) if gpu else torch.float64
+        shape = (args.batch, args.heads, args.seq, args.head_dim)  # (B, H, N, d)
+        gen = torch.Generator(device=device).manual_seed(args.seed)
+        full = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in "qkv"]
+        for x in full:
+            dist.broadcast(x, src=0)  # rank 0's draw is everyone's
+        q, k, v = (rd.shard(x, rank, W, args.layout) for x in full)  # (B, H, N/W, d)
+        if rank != 0:
+            full = None  # only rank 0 needs the whole sequence (check, single-GPU time)
+        attend = rd.flash_attend if gpu else rd.reference_attend
+        kw = dict(N=args.seq, causal=args.causal, layout=args.layout, attend=attend)
+        O, lse, pairs = _gather(*rd.ring_forward(q, k, v, **kw), args.layout)
+        result = {"pairs": pairs.tolist()}  # (steps, ranks)
+        if args.check and rank == 0:
+            check = ring_check.check_gpu if gpu else _check_cpu
+            result["check"] = check(*full, O, lse, args.causal)
+        del O, lse
+        if gpu:
+            result.update(ring_check.bench(rank, W, q, k, v, full, kw, args))
+        if rank == 0:
+            Path(result_path).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_cpu(q, k, v, O, lse, causal):
+    from ..attention import naive_attention
+
+    O_ref, lse_ref = naive_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal,
+                                     return_lse=True)  # fmt: skip
+    err = ring_check.rel(O.numpy(), O_ref)
+    lse_err = ring_check.rel(lse.numpy(), lse_ref)
+    return {"reference": "flashref.naive_attention, float64", "rel_err": err,
+            "lse_rel_err": lse_err, "tolerance": RTOL64,
+            "passed": bool(err <= RTOL64 and lse_err <= RTOL64)}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    W = args.gpus or args.cpu
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "result.json")
+        spawn(_rank_main, W, args, path)
+        result = json.loads(Path(path).read_text())
+    shape = {"batch": args.batch, "heads": args.heads, "seq": args.seq,
+             "head_dim": args.head_dim, "layout": args.layout, "causal": args.causal,
+             "dtype": DTYPES[args.dtype] if args.gpus else "float64"}  # fmt: skip
+    prov = ring_check.provenance(args, W)
+    result = ring_check.summarise({"provenance": prov, "shape": shape, **result})
+    ring_check.print_table(result)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0 if result.get("check", {}).get("passed", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

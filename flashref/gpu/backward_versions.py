@@ -1,0 +1,169 @@
+"""The numbered backward kernel versions (bwd1, bwd2, ...): what each is, how it is launched.
+
+Beside the forward's ``VERSIONS`` (``forward_versions.py``), on the same base
+(``registry.KernelVersion``): a backward version is one ``flashref/kernels/backward/bwdNN_*.cu``
+file holding the main kernel ``flash_bwdN``; the preprocess ``D = rowsum(dO * O)`` and the dQ
+conversion around it are shared by every version (``backward/pre_post.cu``). Nothing here imports
+CuPy, so the registry can be read, and the sources compiled with nvcc, on a machine without a GPU.
+``base_of`` and ``kernel_diff`` say what one version changes from the one it builds on, as the
+forward's do (``forward_versions.kernel_diff``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .registry import KERNEL_DIR, KernelVersion, paste_includes, registered, version_diff
+
+PRE_POST_FILE = "backward/pre_post.cu"  # bwd_preprocess and bwd_dq_convert
+PRE_THREADS = 128  # bwd_preprocess: threads per block, d / 8 of them per row
+CONVERT_THREADS = 256  # bwd_dq_convert: threads per block, two elements each
+
+
+def pre_post_source() -> str:
+    return paste_includes(KERNEL_DIR / PRE_POST_FILE)
+
+
+@dataclass(frozen=True)
+class BwdVersion(KernelVersion):
+    """One backward version: its main kernel's file, tile sizes and what dQ costs."""
+
+    number: int
+    name: str
+    summary: str
+    file: str  # under flashref/kernels/backward/
+    Bc: int  # keys per thread block (the block owns dK_j, dV_j of these)
+    Br: int  # queries per inner tile
+    threads: int
+    # False: dQ is summed with float32 atomics, in a varying order, then converted. True: a
+    # second kernel flash_bwdN_dq computes dQ per query tile and writes it once.
+    deterministic_dq: bool
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    head_dims: tuple[int, ...] = (64, 128)
+    min_cc: tuple[int, int] = (8, 0)  # mma.sync m16n8k16 bf16, cp.async, ldmatrix
+    arch: str | None = None  # an architecture-specific target ("sm_90a"): that GPU only
+    tma: bool = False  # takes the TMA descriptors of Q, K, V, dO after the common arguments
+    # float32 atomic additions into each dQ element per key tile of Bc keys (where dQ is added
+    # by atomics): 1 where the block sums dS K_j over all its keys first, NWG where each of
+    # NWG consumer warpgroups adds its own keys' share
+    dq_adds_per_tile: int = 1
+    # (d, blocks): thread blocks per SM that the kernel's __launch_bounds__ keeps the registers
+    # low enough for at head dim d (the compile check holds ptxas's count and the shared memory
+    # to it); a d not listed makes no such promise
+    blocks_per_sm: tuple[tuple[int, int], ...] = ()
+
+    kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
+    folder = "backward"
+
+    @property
+    def kernel(self) -> str:
+        return f"flash_bwd{self.number}"
+
+    def dq_adds(self, Nk: int) -> int:
+        """Float32 additions into each element of dQacc for ``Nk`` keys (0 without atomics):
+        the number of terms whose order varies from run to run."""
+        if self.deterministic_dq:
+            return 0
+        return -(-Nk // self.Bc) * self.dq_adds_per_tile
+
+    @property
+    def dq_kernel(self) -> str | None:
+        return f"flash_bwd{self.number}_dq" if self.deterministic_dq else None
+
+    def smem_bytes(self, d: int) -> int:
+        """Dynamic shared memory of the main kernel, matching the layout in the .cu file:
+        lse and D of two query tiles (fp32), dS^T (Bc, Br + 8) where dQ is added by atomics,
+        K_j and V_j (Bc, d + 8), two buffers each of Q_i and dO_i (Br, d + 8), 16-bit. A TMA
+        version's tiles are unpadded (the 128-byte swizzle), its dS^T has two buffers, and
+        1024 bytes align the first tile (lse and D are in static shared memory there)."""
+        if self.tma:  # K_j, V_j (Bc, d); 2 stages of Q_i, dO_i (Br, d); dS^T (2, Bc, Br)
+            return 2 * (2 * self.Bc * d + 4 * self.Br * d + 2 * self.Bc * self.Br) + 1024
+        row = d + 8
+        dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
+        return 4 * 4 * self.Br + 2 * (dS + 2 * self.Bc * row + 4 * self.Br * row)
+
+    def dq_smem_bytes(self, d: int) -> int:
+        """The dQ pass (``dq_kernel``): Q_i and dO_i (Br, d + 8), two buffers each of K_j and
+        V_j (Bc, d + 8), 16-bit."""
+        return 2 * (2 * self.Br + 4 * self.Bc) * (d + 8)
+
+
+BWD_VERSIONS: dict[int, BwdVersion] = {
+    v.number: v
+    for v in (
+        BwdVersion(1, "atomic_dq",
+                   "FlashAttention-2's backward on mma.sync: K/V tile per block, 4 warps of 16 "
+                   "keys, S^T and dP^T recomputed per query tile, dQ by float32 atomics",
+                   "bwd01_atomic_dq.cu", Bc=64, Br=64, threads=128, deterministic_dq=False),
+        BwdVersion(2, "dq_pass",
+                   "bwd1 without atomics: dK, dV kernel, then a dQ kernel per query tile that "
+                   "recomputes S and dP (7 products instead of 5, dQ deterministic)",
+                   "bwd02_dq_pass.cu", Bc=64, Br=64, threads=128, deterministic_dq=True),
+        BwdVersion(3, "bc128",
+                   "bwd1 with 8 warps and Bc = 128: each query tile copied serves twice the "
+                   "keys, half the dQ atomics",
+                   "bwd03_bc128.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(4, "red_v2",
+                   "bwd3 adding dQ with red.global.add.v2.f32: one atomic per two elements",
+                   "bwd04_red_pairs.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(5, "red_v4",
+                   "bwd4 adding dQ with red.global.add.v4.f32 after one exchange between lane "
+                   "pairs: one atomic per four elements",
+                   "bwd05_red_quads.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(6, "two_syncs",
+                   "bwd5 without the barrier at the end of each query tile: the next tile's "
+                   "first barrier already orders the reuse of dS^T and the buffers",
+                   "bwd06_two_syncs.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
+        BwdVersion(7, "bc64_occupancy",
+                   "bwd6 with 4 warps and Bc = 64, registers held to three blocks per SM at "
+                   "d = 64 (two at d = 128): more warps per scheduler, twice the dQ atomics",
+                   "bwd07_bc64_occupancy.cu", Bc=64, Br=64, threads=128, deterministic_dq=False,
+                   blocks_per_sm=((64, 3), (128, 2))),
+        BwdVersion(8, "wgmma",
+                   "FlashAttention-3's backward on sm_90a: a producer warpgroup (TMA ring of "
+                   "Q_i, dO_i; lse, D by plain loads), 2 consumer warpgroups of 64 keys (Bc = "
+                   "128), all five products by wgmma, dS^T from shared memory as a transposed "
+                   "A, dQ by red.global.add.v4",
+                   "bwd08_wgmma.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2),
+    )
+}  # fmt: skip
+
+# version=None picks, for each (dtype, d, causal), the backward version with the highest median
+# TFLOP/s over the sequence lengths of the recorded run, results/gpu_backward.json: on
+# compute capability 9.0 among every version (BWD_HOPPER_PREFERENCE), on any other GPU among
+# those that run there, the ones not built for sm_90a (BWD_PREFERENCE). A test checks both
+# tables against the file.
+BWD_PREFERENCE = {
+    ("float16", 64, False): 2, ("float16", 64, True): 2,
+    ("float16", 128, False): 6, ("float16", 128, True): 4,
+    ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
+    ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 6,
+}  # fmt: skip
+BWD_HOPPER_PREFERENCE = {key: 8 for key in BWD_PREFERENCE}
+
+
+def default_bwd_version(dtype: str, d: int, causal: bool, cc=None) -> int | None:
+    """The backward version ``version=None`` runs on a GPU of compute capability ``cc``
+    (None: any GPU's table), or None when no version takes that dtype and d."""
+    table = BWD_HOPPER_PREFERENCE if cc is not None and tuple(cc) == (9, 0) else BWD_PREFERENCE
+    return table.get((dtype, d, causal))
+
+
+def code_lines(number: int) -> list[str]:
+    """The lines of backward version ``number``'s .cu file after its header comment."""
+    return registered(BWD_VERSIONS, number, "number").code_lines()
+
+
+def base_of(number: int) -> int | None:
+    """The backward version that ``number`` changes, as the first line of its header names it
+    (``// backward version 3: version 1 with ...``); None for a version that builds on none."""
+    return registered(BWD_VERSIONS, number, "number").base_number()
+
+
+def kernel_diff(old: int, new: int) -> str:
+    """The code lines that differ from backward version ``old`` to ``new``, header comments
+    and indentation-only moves left out (the rules of the forward's ``kernel_diff``)."""
+    a = registered(BWD_VERSIONS, old, "old")
+    b = registered(BWD_VERSIONS, new, "new")
+    return version_diff(a, b)

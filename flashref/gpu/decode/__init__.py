@@ -1,0 +1,69 @@
+"""Split-KV decoding on the GPU: a few queries per sequence against a long (paged) K/V cache.
+
+This module only gathers what a user calls and what the chapters read; each piece lives in
+its own module:
+
+* ``api``: ``decode_attention``, ``paged_decode_attention``, ``cache_decode_attention``,
+  ``choose_num_splits`` and ``decode_plan`` (the split count and launch of a shape);
+* ``versions``: the kernel versions (``VERSIONS``, files under ``flashref/kernels/decode/``),
+  their launch constants and the default (``default_decode_version``);
+* ``checks``: the argument checks, with the messages of the CPU functions; ``check_memo``
+  keeps them per call signature;
+* ``launch``: the launch itself; ``workspace`` and ``counters`` the reused buffers of the
+  split partials and of version 4's merge (``stream_buffers``: one per device, stream and
+  size class).
+"""
+
+from __future__ import annotations
+
+from .api import (
+    DecodePlan,
+    cache_decode_attention,
+    choose_num_splits,
+    decode_attention,
+    decode_plan,
+    paged_decode_attention,
+    row_tiles,
+)
+from .checks import HEAD_DIMS, MAX_NQ, SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
+from .versions import (
+    BC,
+    BK,
+    BLOCKS_PER_SM,
+    BLOCKS_V5,
+    DEFAULT_VERSION,
+    HOPPER_DEFAULT_VERSION,
+    MAX_GRID,
+    MAX_SPLITS,
+    MERGE_IN_REGISTERS,
+    MIN_TILES_PER_SPLIT,
+    NWARPS,
+    PRODUCER_WARPS_V5,
+    SPLIT_BLOCKS_V5,
+    STAGES,
+    STAGES_V5,
+    STAGES_W,
+    THREADS,
+    VERSIONS,
+    DecodeVersion,
+    blocks_per_sm,
+    check_splits,
+    check_version,
+    default_decode_version,
+    defines,
+    smem_bytes,
+    source,
+    split_blocks_per_sm,
+    threads,
+)
+
+__all__ = [
+    "BC", "BK", "BLOCKS_PER_SM", "BLOCKS_V5", "DEFAULT_VERSION", "HEAD_DIMS",
+    "HOPPER_DEFAULT_VERSION", "MAX_GRID", "MAX_NQ", "MAX_SPLITS", "MERGE_IN_REGISTERS",
+    "MIN_TILES_PER_SPLIT", "NWARPS", "PRODUCER_WARPS_V5", "SM90A_VERSIONS", "SPLIT_BLOCKS_V5",
+    "STAGES", "STAGES_V5", "STAGES_W", "THREADS", "TILE_KEYS", "TMA_ROWS", "VERSIONS",
+    "DecodePlan", "DecodeVersion", "blocks_per_sm", "cache_decode_attention", "check_splits",
+    "check_version", "choose_num_splits", "decode_attention", "decode_plan",
+    "default_decode_version", "defines", "paged_decode_attention", "row_tiles",
+    "smem_bytes", "source", "split_blocks_per_sm", "threads",
+]  # fmt: skip

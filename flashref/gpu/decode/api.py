@@ -1,0 +1,264 @@
+"""Split-KV decoding on the GPU: a few queries per sequence against a long (paged) K/V cache.
+
+``flashref.split_kv_attention`` and ``flashref.paged_attention`` as one CUDA kernel
+(``flashref/kernels/decode/v01_split_kv.cu``) and a small combine kernel:
+
+    O = decode_attention(q, k, v, lengths=lengths)          # k, v (B, Hkv, Nk, d)
+    O = paged_decode_attention(q, k_pages, v_pages, block_table, lengths)
+
+``q (B, Hq, Nq, d)`` with ``1 <= Nq <= 16`` and ``Hq`` a multiple of ``Hkv`` (grouped-query
+attention: query head ``h`` uses K/V head ``h // (Hq // Hkv)``); float16 or bfloat16 CuPy
+arrays or torch CUDA tensors; ``d`` 64 or 128. ``causal`` is spelled as in
+``flashref.paged_attention``: ``"bottom_right"`` (query ``i`` of a sequence of length ``L``
+sees keys ``j <= i + L - Nq``) or ``False``; ``True`` (top-left) is refused with the same
+message. ``lengths (B,)`` integers give each sequence's number of valid keys (0 allowed: zeros
+and ``lse = -inf``). Arguments are checked before any GPU work, with the messages of the CPU
+functions; ``lengths`` and ``block_table`` are read on the host for that (they are small).
+
+The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key tiles, one
+thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
+shape and the number of SMs, ``decode_plan`` shows the whole launch and
+``flashref.gpu.decode.launch`` runs it. A decode loop repeats its call's shapes and options
+every token, so the checks of those are kept per call signature
+(``flashref.gpu.decode.check_memo``); ``lengths`` and ``block_table`` are checked on every call.
+
+The kernel versions, their files and launch constants are in ``flashref.gpu.decode.versions``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from ..._checks import check_block, check_shapes, group_size
+from .check_memo import CheckMemo
+from .checks import (
+    HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
+    MAX_NQ,  # noqa: F401
+    check_arrays,
+    check_block_table,
+    check_common,
+    check_device,
+    check_kind,
+    check_lengths,
+    check_page_size,
+)
+from .launch import launch
+from .versions import (
+    BC,
+    BLOCKS_PER_SM,
+    DEFAULT_VERSION,
+    MAX_GRID,
+    MAX_SPLITS,
+    MIN_TILES_PER_SPLIT,
+    check_splits,
+    check_version,
+    default_decode_version,
+    smem_bytes,
+    split_blocks_per_sm,
+    threads,
+)
+
+
+def row_tiles(G: int, Nq: int) -> tuple[int, int]:
+    """``(row_tiles, row_blocks)``: the ``G * Nq`` packed rows of a K/V head, 16 per tile.
+
+    One block holds 16 or 32 rows (1 or 2 tiles of mma.sync's M = 16); more rows than that
+    take several row blocks, each of which reads the K/V head again (from L2, mostly).
+    """
+    M = G * Nq
+    tiles = 1 if M <= 16 else 2
+    return tiles, -(-M // (16 * tiles))
+
+
+def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: int = 1,
+                      blocks_per_sm: int = BLOCKS_PER_SM) -> int:  # fmt: skip
+    """How many chunks to cut the keys into, from the shape and the GPU's SM count.
+
+    ``B * Hkv * row_blocks`` blocks exist without splitting; ``sm_count * blocks_per_sm``
+    slots are filled at once. Each split count ``S`` from 1 to
+    ``min(MAX_SPLITS, tiles / MIN_TILES_PER_SPLIT)`` gives ``waves = blocks * S / slots``;
+    its efficiency is ``waves / ceil(waves)`` (the last wave's idle slots are waste). The
+    smallest ``S`` within 5% of the best efficiency wins: fewer splits, less combine work,
+    for the same occupancy. A batch that fills the GPU gets 1.
+    ``blocks_per_sm`` (default ``BLOCKS_PER_SM``): the blocks per SM to fill
+    (``split_blocks_per_sm`` of the version).
+    """
+    B, Hkv = check_block(B, "B"), check_block(Hkv, "Hkv")
+    Nk, sm_count = check_block(Nk, "Nk", minimum=0), check_block(sm_count, "sm_count")
+    row_blocks = check_block(row_blocks, "row_blocks")
+    blocks_per_sm = check_block(blocks_per_sm, "blocks_per_sm")
+    blocks, slots = B * Hkv * row_blocks, sm_count * blocks_per_sm
+    tiles = -(-Nk // BC)
+    top = max(1, min(MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
+    eff = [(w := blocks * S / slots) / math.ceil(w) for S in range(1, top + 1)]
+    best = max(eff)
+    return next(S for S, e in enumerate(eff, start=1) if e >= 0.95 * best)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How a decode call is launched: shown by ``decode_plan``, used by the launch."""
+
+    num_splits: int
+    row_tiles: int  # 16-row tiles per block (1 or 2)
+    row_blocks: int  # blocks per K/V head along the packed rows
+    grid: tuple[int, int, int]  # (num_splits, Hkv * row_blocks, B)
+    threads: int
+    smem_bytes: int
+    version: int = DEFAULT_VERSION
+
+
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are not the same B
+def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
+                version=DEFAULT_VERSION) -> DecodePlan:  # fmt: skip
+    """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs.
+
+    Kept per argument tuple (a plan is frozen): a decode step repeats its shape every call,
+    and the split search costs more host time than a short kernel runs.
+    """
+    version = check_version(version)
+    G = group_size(Hq, Hkv, kv="k")
+    tiles, blocks = row_tiles(G, Nq)
+    if num_splits is None:
+        per_sm = split_blocks_per_sm(version, d, tiles)
+        num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks,
+                                       blocks_per_sm=per_sm)  # fmt: skip
+    check_splits(num_splits, version)
+    grid = (num_splits, Hkv * blocks, B)
+    smem = smem_bytes(d, tiles, version)
+    return DecodePlan(num_splits, tiles, blocks, grid, threads(version), smem, version)
+
+
+def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
+         **kw):  # fmt: skip
+    from .._runtime import _require_gpu, _to_cupy
+
+    cp = _require_gpu()
+    from .._launch import device_facts
+
+    cc, name, sms = device_facts()  # asked once per device
+    if version is None:  # this GPU's default (a contiguous cache: bt is None)
+        rows = k.shape[0] * k.shape[1] * k.shape[2]  # (pages or B) x Hkv x slots
+        version = default_decode_version(cc, None if bt is None else page_size, rows)
+    check_device(cc, version, f"this GPU ({name})")
+    torch_in = type(q).__module__.split(".")[0] == "torch"
+    q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
+    B, Hq, Nq, d = q.shape
+    plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits, version)  # B = 0: none
+    if plan.grid[1] > MAX_GRID or B > MAX_GRID:
+        raise ValueError(f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z")
+    bt = None if bt is None else cp.asarray(bt)
+    lengths = None if lengths is None else cp.asarray(lengths)
+    O, L = launch(cp, q, k, v, bt, lengths, Hkv=Hkv, page_size=page_size, max_pages=max_pages,
+                  plan=plan, **kw)  # fmt: skip
+    if torch_in:
+        import torch
+
+        O, L = torch.from_dlpack(O), torch.from_dlpack(L)
+    return (O, L) if lse else O
+
+
+def _contiguous_checks(q, k, v, version, causal, scale, num_splits, return_lse):
+    """``decode_attention``'s checks of everything but ``lengths``: (version, causal, scale,
+    num_splits) as the call uses them. Kept per signature (``_CONTIGUOUS_CHECKS``)."""
+    version = check_version(version)
+    check_arrays(q, k, v, "k", "v")
+    check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
+    _, d = check_kind(q, k, v, "k", "v")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    check_splits(num_splits, version)
+    B, Nk = q.shape[0], k.shape[2]
+    check_page_size(BC, B * k.shape[1] * Nk, version, f"k {tuple(k.shape)}")  # B pages of Nk
+    return version, causal, scale, num_splits
+
+
+def _paged_checks(q, k_pages, v_pages, version, causal, scale, num_splits, return_lse):
+    """``paged_decode_attention``'s checks of everything but the block table and lengths."""
+    version = check_version(version)
+    check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise ValueError(
+            f"v_pages has shape {tuple(v_pages.shape)} but k_pages {tuple(k_pages.shape)}"
+        )
+    P, Hkv, ps, _ = k_pages.shape
+    group_size(q.shape[1], Hkv, f" (q {tuple(q.shape)}, k_pages {tuple(k_pages.shape)})", "k_pages")
+    if k_pages.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"k_pages has shape {tuple(k_pages.shape)} but q has head dim {q.shape[3]}"
+        )
+    _, d = check_kind(q, k_pages, v_pages, "k_pages", "v_pages")
+    causal, scale, num_splits = check_common(causal, scale, num_splits, return_lse, d)
+    check_splits(num_splits, version)
+    check_page_size(ps, P * Hkv * ps, version, f"k_pages {tuple(k_pages.shape)}")
+    return version, causal, scale, num_splits
+
+
+# the checks above depend only on the arrays' types, shapes and dtypes and on the options
+_CONTIGUOUS_CHECKS = CheckMemo(_contiguous_checks)
+_PAGED_CHECKS = CheckMemo(_paged_checks)
+
+
+def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_splits=None,
+                     return_lse=False, version=None):  # fmt: skip
+    """Attention of ``Nq <= 16`` queries per sequence to a contiguous K/V cache, split-KV.
+
+    Args:
+        q: ``(B, Hq, Nq, d)``; k, v: ``(B, Hkv, Nk, d)``, ``Hq`` a multiple of ``Hkv``.
+        lengths: optional integers ``(B,)``, ``0 <= lengths[b] <= Nk``: sequence ``b`` uses
+            keys ``0 .. lengths[b] - 1`` (default: all ``Nk``).
+        causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
+        scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
+        return_lse: also return ``lse (B, Hq, Nq)`` in float32.
+        version: the kernel version, a key of ``VERSIONS`` (all give the same results), or
+            None (default) for ``default_decode_version`` of this GPU.
+
+    Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
+    """
+    version, causal, scale, num_splits = _CONTIGUOUS_CHECKS(
+        (q, k, v), (version, causal, scale, num_splits, return_lse))  # fmt: skip
+    B, Nk = q.shape[0], k.shape[2]
+    L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
+    return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
+                causal=causal, scale=scale, num_splits=num_splits, lse=return_lse,
+                version=version)  # fmt: skip
+
+
+def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
+                           scale=None, num_splits=None, return_lse=False,
+                           version=None):  # fmt: skip
+    """``decode_attention`` reading K/V pages through a block table (``PagedKVCache``'s layout).
+
+    Args:
+        q: ``(B, Hq, Nq, d)``; k_pages, v_pages: ``(num_pages, Hkv, page_size, d)``.
+        block_table: integers ``(B, max_pages)``; sequence ``b``'s key ``t`` is in page
+            ``block_table[b, t // page_size]``, slot ``t % page_size``; entries past the pages
+            in use are not read (``PagedKVCache.block_table`` fills them with -1).
+        lengths: integers ``(B,)``, ``0 <= lengths[b] <= max_pages * page_size``.
+        causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
+        scale, num_splits, return_lse, version: as ``decode_attention``.
+    """
+    version, causal, scale, num_splits = _PAGED_CHECKS(
+        (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse))  # fmt: skip
+    (B, *_), (P, Hkv, ps, _) = q.shape, k_pages.shape
+    bt, L = check_block_table(block_table, lengths, B, P, ps)
+    Nk_max = int(L.max()) if B else 0
+    return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,
+                page_size=ps, max_pages=bt.shape[1], Nk=Nk_max, causal=causal, scale=scale,
+                num_splits=num_splits, lse=return_lse, version=version)  # fmt: skip
+
+
+def cache_decode_attention(q, cache, seqs, **kwargs):
+    """``paged_decode_attention`` on a ``flashref.PagedKVCache`` whose pools are on the GPU.
+
+    Move the pools once (``cache.k_pages = cupy.asarray(cache.k_pages)``, the same for
+    ``v_pages``); ``cache.block_table(seqs)`` gives the table and lengths, as on the CPU.
+    Keyword arguments are those of ``paged_decode_attention``.
+    """
+    from ...kvcache import PagedKVCache
+
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    table, lengths = cache.block_table(seqs)  # (B, max_pages), (B,): checks every id
+    return paged_decode_attention(q, cache.k_pages, cache.v_pages, table, lengths, **kwargs)

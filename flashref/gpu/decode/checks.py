@@ -1,0 +1,143 @@
+"""Argument checks of ``flashref.gpu.decode``, all made on the host before any GPU work.
+
+The tensors' shapes and dtypes are read from their ``shape`` and ``dtype`` (CuPy arrays,
+torch tensors, and NumPy arrays in the tests); ``lengths`` and ``block_table`` are small and
+copied to the host to check their values, so that a length past the cache or a page outside
+the pool is an error naming the entry, not an illegal memory access in the kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._checks import check_block, check_flag, check_scale
+from ...kvcache import _check_causal
+
+MAX_NQ = 16
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+SM90A_VERSIONS = (5, 6, 7)  # decode versions built for sm_90a: compute capability 9.0 exactly
+TILE_KEYS = 64  # keys per tile (flashref.gpu.decode.TILE_KEYS): version 5's TMA box rows
+TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
+
+
+def dtype_name(x) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def check_arrays(q, k, v, kname: str, vname: str) -> None:
+    """q and a K/V pair are arrays of 4 dimensions (the layouts of the docstrings)."""
+    want = "(num_pages, Hkv, page_size, d)" if kname == "k_pages" else "(B, Hkv, Nk, d)"
+    for name, x in (("q", q), (kname, k), (vname, v)):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
+            raise TypeError(
+                f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
+            )
+        if x.ndim != 4:
+            shape = "(B, Hq, Nq, d)" if name == "q" else want
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {shape}")
+
+
+def check_kind(q, k, v, kname: str, vname: str):
+    """1 <= Nq <= 16, v's head dim that of q, one 16-bit dtype, d in HEAD_DIMS."""
+    Nq, d = q.shape[2], q.shape[3]
+    if not 1 <= Nq <= MAX_NQ:
+        raise ValueError(
+            f"q has {Nq} queries per sequence (shape {tuple(q.shape)}); the decode kernel takes "
+            f"1 <= Nq <= {MAX_NQ}: for longer query blocks (a prefill) use "
+            "flashref.gpu.flash_attention"
+        )
+    if v.shape[-1] != d:
+        raise ValueError(f"{vname} has shape {tuple(v.shape)}; its head dim must equal q's, {d}")
+    dtypes = {dtype_name(x) for x in (q, k, v)}
+    if len(dtypes) != 1:
+        raise TypeError(
+            f"q, {kname}, {vname} must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype} "
+            "(no implicit casts)"
+        )
+    dtype = dtypes.pop()
+    if dtype not in DTYPES:
+        raise TypeError(f"q has dtype {dtype}; the decode kernel supports {', '.join(DTYPES)}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q has head dim d={d}; the decode kernel supports d in {HEAD_DIMS}")
+    return dtype, d
+
+
+def host_ints(x, name: str, ndim: int) -> np.ndarray:
+    """An integer array (NumPy, list, CuPy or torch) copied to the host, of rank ``ndim``."""
+    if hasattr(x, "detach"):  # torch
+        x = x.detach().cpu().numpy()
+    elif type(x).__module__.split(".")[0] == "cupy":
+        x = x.get()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} has dtype {arr.dtype}; expected integers (int32)")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} has shape {arr.shape}; expected {ndim} dimension(s)")
+    return arr
+
+
+def check_lengths(lengths, B: int, limit: int, what: str) -> np.ndarray:
+    L = host_ints(lengths, "lengths", 1)
+    if L.shape != (B,):
+        raise ValueError(f"lengths has shape {L.shape}; expected ({B},), one per sequence of q")
+    bad = np.flatnonzero((L < 0) | (L > limit))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"lengths[{b}] is {int(L[b])}; expected 0 <= length <= {limit} ({what})")
+    return L.astype(np.int32, copy=False)
+
+
+def check_common(causal, scale, num_splits, return_lse, d):
+    causal = _check_causal(causal)
+    check_flag(return_lse, "return_lse")
+    if num_splits is not None:
+        num_splits = check_block(num_splits, "num_splits")
+    return causal, check_scale(scale, d, "float32"), num_splits
+
+
+def check_block_table(block_table, lengths, B: int, P: int, ps: int):
+    """``block_table (B, max_pages)`` and ``lengths (B,)`` as int32 host arrays; every page a
+    sequence uses (the first ``ceil(L / ps)`` entries) must be in ``[0, P)``."""
+    bt = host_ints(block_table, "block_table", 2)
+    if bt.shape[0] != B:
+        raise ValueError(f"block_table has shape {bt.shape}; expected ({B}, max_pages)")
+    L = check_lengths(lengths, B, bt.shape[1] * ps, f"block_table holds {bt.shape[1]} pages")
+    pages = -(-L.astype(np.int64) // ps)  # (B,) pages each sequence uses
+    used = np.arange(bt.shape[1]) < pages[:, None]  # (B, max_pages)
+    bad = used & ((bt < 0) | (bt >= P))  # (B, max_pages)
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])  # row-major: the first b, then its first j
+        raise ValueError(
+            f"block_table[{b}, {j}] is {int(bt[b, j])}, a page sequence {b} uses (length "
+            f"{int(L[b])}); expected 0 <= page < {P} (num_pages of k_pages)"
+        )
+    return bt.astype(np.int32, copy=False), L  # no copy when the caller holds int32
+
+
+def check_device(cc: tuple[int, int], version: int, name: str = "this GPU") -> None:
+    """Versions 5 to 7 need an sm_90a GPU (compute capability 9.0 exactly): a clear error,
+    not an NVRTC failure."""
+    if version in SM90A_VERSIONS and tuple(cc) != (9, 0):
+        raise RuntimeError(
+            f"decode version {version} is built for sm_90a (TMA) and needs compute capability "
+            f"9.0 exactly; {name} has compute capability {cc[0]}.{cc[1]}"
+        )
+
+
+def check_page_size(page_size: int, rows: int, version: int, what: str) -> None:
+    """Versions 5 to 7 load 64-key tiles from one page: page_size a multiple of TILE_KEYS;
+    and their row index (``rows`` K/V rows in the pool) must fit an int32."""
+    if version not in SM90A_VERSIONS:
+        return
+    if page_size % TILE_KEYS:
+        raise ValueError(
+            f"page_size is {page_size}; decode version {version} reads whole {TILE_KEYS}-key "
+            f"tiles from one page, so page_size must be a multiple of {TILE_KEYS} (versions 1 "
+            "to 4 take any)"
+        )
+    if rows >= TMA_ROWS:
+        raise ValueError(
+            f"{what} holds {rows} K/V rows; decode version {version} addresses at most "
+            f"{TMA_ROWS - 1}"
+        )

@@ -1,0 +1,13 @@
+"""NumPy models of what the GPU chapters draw: fragment layouts, swizzles and schedules.
+
+* ``fragments``: which lane holds which element of ``mma.sync`` and ``ldmatrix``
+  (``fragment_figures`` draws them);
+* ``hopper``: the 128-byte swizzle and the ``wgmma`` fragments (``hopper_figures``);
+* ``pingpong``: version 23's turns between its two consumer warpgroups, and version 27's over
+  a persistent block's list of work tiles; ``work_tiles`` the order of that list;
+  ``persistent3`` version 28's (and 30's) three consumer warpgroups over such a list.
+
+They run on any machine, and are checked against the GPU by the probe kernels
+(``flashref/kernels/probes/``, ``python -m flashref.bench.hopper_probe``). The runtime
+(``flashref.gpu``'s other modules) never imports them.
+"""

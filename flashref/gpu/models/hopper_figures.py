@@ -1,0 +1,187 @@
+"""Pictures of Hopper's layouts and schedules, drawn from the models of ``flashref.gpu``.
+
+``draw_swizzle()``: a 64-column 16-bit tile's 16-byte chunks, as the rows hold them
+(left) and where the 128-byte swizzle stores them in shared memory (right).
+``draw_accumulators(n, cols)``: which thread and register of the warpgroup holds each
+element of the first ``cols`` columns of a ``wgmma`` m64nNk16 accumulator: one hue per
+warp (rows 16 w .. 16 w + 15), lighter as the lane's group g = lane // 4 grows.
+``draw_pingpong(n_tiles, n_mine, stages)``: version 21's and version 23's consumer
+warpgroups as a timeline of their products and softmaxes, from ``flashref.gpu.models.pingpong``.
+
+matplotlib is imported inside the functions, as in ``flashref.gpu.models.fragment_figures``;
+each returns a pyplot figure 8 inches wide at 100 dpi (800 pixels, the book's page).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import hopper as hp
+
+WIDTH_IN, DPI = 8.0, 100
+
+
+def _figure(units_wide: float, units_high: float):
+    import matplotlib.pyplot as plt
+
+    cell = WIDTH_IN / units_wide
+    fig = plt.figure(figsize=(WIDTH_IN, cell * units_high), dpi=DPI)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, units_wide)
+    ax.set_ylim(units_high - 1.5, -1.5)  # row 0 on top, room for titles
+    ax.axis("off")
+    return fig, ax, min(8.0, 72 * cell * 0.3)
+
+
+def _cell(ax, x, y, colour, text, fs, size=1.0):
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(Rectangle((x, y), size, size, facecolor=colour, edgecolor="white", lw=0.5))
+    if text:
+        ax.text(x + size / 2, y + size / 2, text, ha="center", va="center", fontsize=fs,
+                linespacing=1.1)  # fmt: skip
+
+
+def draw_swizzle(rows: int = 8, swizzle: int = 128):
+    """Chunk j of row r (left, "r.j") and the 16-byte slot the swizzle stores it in (right)."""
+    from matplotlib import colormaps
+
+    stored = hp.chunk_map(rows, swizzle)  # (rows, 8): slot of logical chunk j
+    colours = colormaps["tab10"].colors
+    gap, margin = 2.0, 1.2
+    fig, ax, fs = _figure(margin + 8 + gap + 8 + 0.3, rows + 1.5)
+    for r in range(rows):
+        ax.text(margin - 0.15, r + 0.5, f"row {r}", ha="right", va="center", fontsize=fs)
+        for j in range(8):
+            _cell(ax, margin + j, r, colours[j], f"{r}.{j}", fs)
+            _cell(ax, margin + 8 + gap + stored[r, j], r, colours[j], f"{r}.{j}", fs)
+    for x0 in (margin, margin + 8 + gap):
+        for j in range(8):
+            ax.text(x0 + j + 0.5, -0.2, str(j), ha="center", va="bottom", fontsize=fs)
+    name = f"{swizzle}-byte swizzle" if swizzle else "no swizzle"
+    ax.text(margin, -0.9, "chunks of each 128-byte row", fontsize=fs * 1.3, va="bottom")
+    ax.text(margin + 8 + gap, -0.9, f"shared memory, {name}", fontsize=fs * 1.3, va="bottom")
+    return fig
+
+
+def accumulator_owners(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """owner (64, n): the thread holding D[row][col]; reg (64, n): its register index."""
+    src = hp.wgmma_c_map(n)  # (128, n / 2, 2)
+    owner, reg = np.full((64, n), -1), np.full((64, n), -1)
+    for (t, i), _ in np.ndenumerate(src[..., 0]):
+        owner[src[t, i, 0], src[t, i, 1]], reg[src[t, i, 0], src[t, i, 1]] = t, i
+    return owner, reg
+
+
+def draw_accumulators(n: int = 64, warp: int = 0):
+    """Left: who holds each element of the first 16 columns of a wgmma m64nNk16 accumulator,
+    coloured by warp (and lane group g); right: warp ``warp``'s 16 rows, labelled T{thread}
+    d{register}."""
+    from matplotlib import colormaps
+
+    warp = hp._int(warp, "warp", 0, 3)
+    owner, reg = accumulator_owners(n)  # each (64, n)
+    hues = np.array(colormaps["tab10"].colors)[:4]  # one per warp
+
+    def colour(t):
+        w, g = t // 32, (t % 32) // 4
+        return hues[w] + (1 - hues[w]) * (0.25 + 0.08 * g)
+
+    z, cols, gap = 4, 16, 6  # zoomed cells are z overview cells wide
+    fig, ax, fs = _figure(cols + gap + z * cols + 0.5, 64 + 1.5)
+    fs = fs * z * 0.55
+    for (r, c), t in np.ndenumerate(owner[:, :cols]):
+        _cell(ax, c, r, colour(t), "", fs)
+    for r in range(0, 64, 16):
+        ax.text(cols + 0.3, r + 8, f"warp {r // 16}", va="center", fontsize=fs)
+    x0 = cols + gap
+    for (r, c), t in np.ndenumerate(owner[16 * warp : 16 * warp + 16, :cols]):
+        _cell(ax, x0 + z * c, z * r, colour(t), f"T{t}\nd{reg[16 * warp + r, c]}", fs, size=z)
+    for c in range(0, cols + 1, 8):
+        ax.plot([x0 + z * c] * 2, [0, 64], color="black", lw=1.5)
+        ax.plot([c, c], [0, 64], color="black", lw=1)
+    for r in (0, 32, 64):
+        ax.plot([x0, x0 + z * cols], [r, r], color="black", lw=1.5)
+    ax.text(0, -0.1, f"m64n{n}k16: rows 0-63, columns 0-{cols - 1}", fontsize=fs, va="bottom")
+    ax.text(x0, -0.1, f"warp {warp}: rows {16 * warp}-{16 * warp + 15}", fontsize=fs, va="bottom")
+    return fig
+
+
+def schedule_boxes(events) -> list[tuple[int, int, str, tuple]]:
+    """(column, warpgroup, kind, op) of each box of a ping-pong timeline, from ``run``'s events:
+    kind "gemm" (a turn that issues products), "empty" (a turn that issues none) or "softmax".
+    Columns number the model's steps that hold a box, in order; boxes in one step share one."""
+    from .pingpong import Event
+
+    found = []
+    for cw in (0, 1):
+        mine = [e for e in events if e.who == cw]
+        for e, nxt in zip(mine, [*mine[1:], Event(-1, cw, ("end",))], strict=True):
+            if e.op[0] in ("gemm", "softmax"):
+                found.append((e.step, cw, e.op[0], e.op))
+            elif e.op[0] == "sync" and nxt.op[0] != "gemm":
+                found.append((e.step, cw, "empty", e.op))
+    column = {s: i for i, s in enumerate(sorted({b[0] for b in found}))}
+    return sorted((column[s], cw, kind, op) for s, cw, kind, op in found)
+
+
+BOX_COLOURS = {"gemm": "#1f77b4", "softmax": "#ff7f0e", "empty": "#d9d9d9"}
+
+
+def _box_text(kind: str, op: tuple) -> str:
+    if kind == "softmax":
+        return f"softmax\n{op[1]}"
+    if kind == "empty":
+        return "empty\nturn"
+    return "last\nP V" if op[1] is None else f"GEMMs\n{op[1]}"
+
+
+def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stages: int = 2):
+    """Both consumer warpgroups' turns as a timeline, from ``pingpong.run``'s order of events:
+    version 21 (no turns, top) above version 23 (turns, bottom). A box "GEMMs j" is a turn
+    that issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}; "softmax j" the softmax of S_j."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    from . import pingpong as pp
+
+    n_mine = (n_tiles, n_tiles) if n_mine is None else n_mine
+    panels = [
+        ("version 21: no turns, both warpgroups issue at once", pp.without_turns()),
+        ("version 23: turns, one warpgroup issues at a time", pp.consumer),
+    ]
+    boxes = [schedule_boxes(pp.run(n_tiles, n_mine, stages, program=p)) for _, p in panels]
+    cols = max(b[0] for bs in boxes for b in bs) + 1
+    label_w = 1.6  # columns of room for the row names
+    height = 4.6  # inches: two panels of two rows, the legend below
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH_IN, height), dpi=DPI)
+    box_pt = 0.92 * 72 * WIDTH_IN / (cols + label_w)  # a box's width in points
+    fs = min(9.0, box_pt / (8 * 0.6))  # "softmax" (7 characters of about 0.6 em) and a margin
+    for ax, (title, _), bs in zip(axes, panels, boxes, strict=True):
+        for col, cw, kind, op in bs:
+            fill = {"facecolor": BOX_COLOURS[kind], "edgecolor": "black", "lw": 0.5}
+            ax.add_patch(Rectangle((col + 0.04, cw + 0.06), 0.92, 0.88, **fill))
+            colour = "white" if kind == "gemm" else "black"
+            ax.text(col + 0.5, cw + 0.5, _box_text(kind, op), ha="center", va="center",
+                    fontsize=fs, color=colour, linespacing=1.0)  # fmt: skip
+        for cw in (0, 1):
+            ax.text(-0.2, cw + 0.5, f"warpgroup {cw}", ha="right", va="center", fontsize=10)
+        ax.set_title(title, fontsize=10.5, loc="left")
+        ax.set_xlim(-label_w, cols)
+        ax.set_ylim(2.05, -0.05)
+        ax.axis("off")
+    legend = {
+        "gemm": r"GEMMs $j$: its turn, $S_j = Q K_j^T$ and $O$ += $P_{j-1} V_{j-1}$ issued"
+        r" (last: $O$ += $P V$ alone)",
+        "softmax": r"softmax $j$: the softmax of $S_j$",
+        "empty": "empty turn: a tile past its rows (causal), handed on",
+    }
+    shown = {b[2] for bs in boxes for b in bs}
+    handles = [Patch(facecolor=BOX_COLOURS[k], edgecolor="black", lw=0.5, label=text)
+               for k, text in legend.items() if k in shown]  # fmt: skip
+    fig.legend(handles=handles, loc="lower left", fontsize=9, ncol=1, frameon=False,
+               bbox_to_anchor=(0.0, 0.0))  # fmt: skip
+    fig.text(0.98, 0.02, "steps of the model: order of events, not time \u2192", ha="right",
+             fontsize=10)  # fmt: skip
+    fig.tight_layout(rect=(0, (0.1 + 0.24 * len(handles)) / height, 1, 1))
+    return fig

@@ -1,0 +1,308 @@
+// version 24: version 21 at d = 64 with three consumer warpgroups, Br = 192 (sm_90a only).
+//
+// What changes from version 21 (FlashAttention-3's tile for this head size):
+//   * at d = 64 a K/V tile of Bc = 128 keys costs the same TMA copy, the same full/empty
+//     barrier round and the same per-tile softmax bookkeeping whatever Br is, but in version
+//     21 each tile brought into shared memory serves only Br = 128 query rows: the K/V bytes
+//     read from L2 per FLOP are 1.5 times those of Br = 192, and only 8 consumer warps per SM
+//     issue tensor-core and softmax work;
+//   * here a block has three consumer warpgroups (NWG = 3, Br = 192 rows) beside the producer:
+//     512 threads, so the block starts with 65536 / 512 = 128 registers per thread. The
+//     producer gives its 128 back down to 24 and each consumer takes 160:
+//     128 x (24 + 3 x 160) = 64512 <= 65536. At 160 a consumer holds S (64 x Bc = 64 floats),
+//     O (64 x 64 = 32 floats) and the packed P of the previous tile (32 registers) at once, as
+//     version 21's overlap needs, without spilling (the compile check asserts it);
+//   * Q's TMA is three 64-row boxes, one per consumer warpgroup; every 64-row slice stays
+//     1024-byte aligned for the 128-byte swizzle. With Br = 192 a query block no longer starts
+//     on a key tile boundary: the causal count of tiles per warpgroup (n_mine) and the masking
+//     test of softmax_tile were already written per row, so they are unchanged;
+//   * d = 64 only (the registry gives a version one Br and one block size for every d): at
+//     d = 128, O alone is 64 floats per thread, twice d = 64's, so the 160-register budget of
+//     three consumers is a different trade there; d = 128 keeps version 21's two consumers.
+//   * with Br = 192 the last block of a ragged Nq may hold a whole warpgroup of rows past Nq
+//     (Nq = 4096 leaves two of its three idle): such a warpgroup computes nothing and only
+//     waits for and releases every tile, as a causal warpgroup does for the tiles past its rows.
+// Otherwise ragged N as version 21: the remaining rows past Nq are computed from finite values
+// (the next head's rows or TMA's zero fill) and never written.
+//
+// Measured: see the recorded run (results/gpu_hopper.json); this comment holds no numbers, so it
+// cannot disagree with them.
+//
+// Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=64 (and -DFLASHREF_BF16 for
+// bfloat16). The caller guarantees scale > 0 (a negative scale is folded into Q) and passes the
+// tensor maps of Q (box 64 x 64) and K, V (box Bc x 64) viewed as (B*H*N, d)
+// (flashref.gpu.models.hopper.tensor_map).
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#if HEAD_DIM != 64
+#error "version 24 is written for d = 64 only (-DHEAD_DIM=64)"
+#endif
+#define D HEAD_DIM
+#define NWG 3                    // consumer warpgroups per block
+#define Br (NWG * 64)            // 192 query rows per block
+#define Bc 128                   // key tile, as version 21 at d = 64
+#define KV_STAGES 3              // K/V tiles the producer may have in flight
+#define NCONSUMERS (NWG * 128)   // threads that arrive on an "empty" barrier
+#define NTHREADS ((NWG + 1) * 128)  // + the producer warpgroup
+#define PRODUCER_REGS 24         // setmaxnreg budgets: 128 (24 + 3 x 160) = 64512 <= 512 x 128
+#define CONSUMER_REGS 160
+#define NBOX (D / 64)            // 64-column boxes per row of a tile
+#define TAU 8.0f                 // rescale when the maximum grows by more than 2^TAU
+
+#include "mma_common.cuh"     // half_t, u32, NEG_INF, pack_half2, ex2, smem_u32
+#include "hopper_common.cuh"  // wgmma, descriptors, mbarrier, TMA
+
+constexpr u32 Q_BYTES = Br * D * 2;       // (NBOX, Br, 64) swizzled
+constexpr u32 KV_BYTES = Bc * D * 2;      // one K or V tile: (NBOX, Bc, 64) swizzled
+constexpr u32 BOX_Q = Br * 128;           // bytes from one 64-column box of Q to the next
+constexpr u32 BOX_KV = Bc * 128;          // ... of a K or V tile (V's descriptor LBO)
+
+__shared__ alignas(8) u64 bars_[1 + 2 * KV_STAGES];  // Q, full[KV_STAGES], empty[KV_STAGES]
+
+// issue S (64 x Bc) = Q_wg K^T as one commit group (not waited for): k = D in steps of 16,
+// box kb = ks / 4, step ks % 4 inside it; the first step ignores the old S (scale_d = 0)
+__device__ __forceinline__ void qk_issue(float (&s)[Bc / 2], u32 q, u32 k)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const u64 da = desc_kmajor_sw128(q + (ks / 4) * BOX_Q, ks % 4);
+        const u64 db = desc_kmajor_sw128(k + (ks / 4) * BOX_KV, ks % 4);
+        wgmma_ss_n128<0>(s, da, db, ks > 0);
+    }
+    wgmma_commit();
+}
+
+// P's A fragments from the accumulator columns of S (a_from_c): 16 keys per kk. The empty asm
+// keeps the packing (and so every read of s) above the wgmma_fence that follows it.
+__device__ __forceinline__ void pack_p(u32 (&p)[Bc / 16][4], const float (&s)[Bc / 2])
+{
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            p[kk][r] = pack_half2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+            asm volatile("" : "+r"(p[kk][r]) :: "memory");
+        }
+}
+
+// issue O (64 x D) += P V as one commit group (not waited for), 16 keys per wgmma
+__device__ __forceinline__ void pv_issue(float (&o)[D / 2], const u32 (&p)[Bc / 16][4], u32 v)
+{
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; kk++) {
+        const u64 dv = desc_mnmajor_sw128(v, kk, BOX_KV);
+        wgmma_rs_n64<1>(o, p[kk][0], p[kk][1], p[kk][2], p[kk][3], dv, 1);
+    }
+    wgmma_commit();
+}
+
+// version 20's online softmax of one tile on the fragments, O left alone: masks keys past Nk
+// (and, with causal, after the query), updates m and l, overwrites s with P; returns whether
+// (warp-uniformly) O must be multiplied by alpha[h] (h = 0: row g, h = 1: row g + 8)
+__device__ __forceinline__ bool softmax_tile(float (&s)[Bc / 2], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], int c0, int row0, int Nk,
+                                             int causal, float sl2, int g, int t)
+{
+    if (c0 + Bc > Nk || (causal && c0 + Bc - 1 > row0)) {  // only the tiles that need it
+#pragma unroll
+        for (int j = 0; j < Bc / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = c0 + j * 8 + 2 * t + (e & 1);
+                int row = row0 + g + (e >> 1) * 8;
+                if (col >= Nk || (causal && col > row)) s[4 * j + e] = NEG_INF;
+            }
+    }
+    float mx[2];
+    bool grow = false;  // does any of this thread's rows need a new reference maximum?
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float x = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < Bc / 8; j++) x = fmaxf(x, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));  // the 4 lanes of a quad
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));  // share one row
+        mx[h] = x;
+        grow |= (x - m[h]) * sl2 > TAU;  // m = -inf and a finite x: true
+    }
+    const bool rescale = __any_sync(0xffffffffu, grow);  // uniform across the warp
+    if (rescale) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float m_new = fmaxf(m[h], mx[h]);
+            alpha[h] = (m_new == NEG_INF) ? 1.f : ex2((m[h] - m_new) * sl2);
+            m[h] = m_new;
+            l[h] *= alpha[h];
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float m_sl2 = (m[h] == NEG_INF ? 0.f : m[h]) * sl2;  // nothing seen: 0
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < Bc / 8; j++)
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; e++) {
+                s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl2, -m_sl2));  // P <= 2^TAU, fp32
+                sum += s[4 * j + e];
+            }
+        l[h] += sum;
+    }
+    return rescale;
+}
+
+// the producer thread: tile `tile` of K and V into stage `st`, counted on barrier full
+__device__ __forceinline__ void load_kv(u32 Ks, u32 Vs, const TensorMap* kmap, const TensorMap* vmap,
+                                        int row0, u32 full)
+{
+    mbar_arrive_expect_tx(full, 2 * KV_BYTES);
+#pragma unroll
+    for (int b = 0; b < NBOX; b++) {
+        tma_load_2d(Ks + b * BOX_KV, kmap, 64 * b, row0, full);
+        tma_load_2d(Vs + b * BOX_KV, vmap, 64 * b, row0, full);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+flash_v24(const half_t* __restrict__ Q,  // (B*H, Nq, D), read through qmap
+          const half_t* __restrict__ K,  // (B*H, Nk, D), read through kmap
+          const half_t* __restrict__ V,  // (B*H, Nk, D), read through vmap
+          half_t* __restrict__ O,        // (B*H, Nq, D)
+          float* __restrict__ lse,       // (B*H, Nq)
+          int Nq, int Nk, float scale, int causal,
+          const __grid_constant__ TensorMap qmap,   // (B*H*Nq, D), box (64, 64)
+          const __grid_constant__ TensorMap kmap,   // (B*H*Nk, D), box (Bc, 64)
+          const __grid_constant__ TensorMap vmap)   // (B*H*Nk, D), box (Bc, 64)
+{
+    extern __shared__ uint4 smem_[];
+    const u32 Qs = (smem_u32(smem_) + 1023) & ~1023u;  // (NBOX, Br, 64), 1024-byte aligned
+    const u32 Ks_buf = Qs + Q_BYTES;                    // (KV_STAGES, NBOX, Bc, 64): stage st at + st KV_BYTES
+    const u32 Vs_buf = Ks_buf + KV_STAGES * KV_BYTES;   // (KV_STAGES, NBOX, Bc, 64)
+    const u32 qbar = smem_u32(&bars_[0]);
+    const u32 full0 = qbar + 8, empty0 = qbar + 8 + 8 * KV_STAGES;  // stage st: + 8 st
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y;
+    const int q_block = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest blocks first
+    const int q0 = q_block * Br;
+
+    const int kv_end = causal ? min(Nk, q0 + Br) : Nk;
+    const int n_tiles = (kv_end + Bc - 1) / Bc;
+
+    if (threadIdx.x == 0) {
+        mbar_init(qbar, 1);
+        for (int st = 0; st < KV_STAGES; st++) {
+            mbar_init(full0 + 8 * st, 1);
+            mbar_init(empty0 + 8 * st, NCONSUMERS);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer warpgroup: all four warps give registers back, one thread copies
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(qbar, Q_BYTES);  // Q_i: the three consumers' rows
+#pragma unroll
+            for (int b = 0; b < NBOX; b++)
+#pragma unroll
+                for (int w = 0; w < NWG; w++)
+                    tma_load_2d(Qs + b * BOX_Q + w * 64 * 128, &qmap, 64 * b, bh * Nq + q0 + 64 * w, qbar);
+            for (int it = 0; it < n_tiles; it++) {
+                const int st = it % KV_STAGES, use = it / KV_STAGES;  // use-th filling of stage st
+                if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);  // tile it - KV_STAGES left it
+                load_kv(Ks_buf + st * KV_BYTES, Vs_buf + st * KV_BYTES, &kmap, &vmap,
+                        bh * Nk + it * Bc, full0 + 8 * st);
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<CONSUMER_REGS>();
+    const int cw = wg - 1;                  // consumer warpgroup 0, 1 or 2
+    const int wrow0 = cw * 64 + warp * 16;  // first row of this warp inside the block
+    float o[D / 2];  // this warpgroup's 64 x D block of O, wgmma accumulator layout
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8; m in raw-score units
+    const float sl2 = scale * 1.4426950408889634f;  // exp(scale x) = 2^(sl2 x)
+    const u32 Qw = Qs + cw * 64 * 128;  // this warpgroup's 64 rows inside each box
+    mbar_wait(qbar, 0);
+
+    // tiles 0 .. n_mine - 1 are this warpgroup's (causal: the rest lie past its last row); a
+    // warpgroup whose 64 rows all lie past Nq (in the last block of a ragged Nq) has none
+    const int row0 = q0 + wrow0;
+    const int n_mine = q0 + cw * 64 >= Nq ? 0
+                     : causal ? min(n_tiles, (q0 + cw * 64 + 63) / Bc + 1) : n_tiles;
+    float s[Bc / 2];      // S_j, then P_j (64 x Bc): s[4 j + e] is row g + 8 (e / 2), key 8 j + 2 t + e % 2
+    u32 p[Bc / 16][4];    // P_{j-1} as A fragments, read by the O += P V in flight
+    float alpha[2] = {1.f, 1.f};
+
+    if (n_mine > 0) {  // this warpgroup's tiles: the skewed loop
+        mbar_wait(full0, 0);  // tile 0: S_0 and its softmax alone (O is still zero)
+        __syncwarp();
+        wgmma_fence();
+        qk_issue(s, Qw, Ks_buf);
+        wgmma_wait<0>();
+        wgmma_fence_acc(s);
+        softmax_tile(s, m, l, alpha, 0, row0, Nk, causal, sl2, g, t);
+
+        for (int it = 1; it < n_mine; it++) {
+            const int st = it % KV_STAGES, pst = (it - 1) % KV_STAGES;
+            pack_p(p, s);
+            mbar_wait(full0 + 8 * st, (it / KV_STAGES) & 1);  // tile it has landed in stage st
+            __syncwarp();
+            wgmma_fence_acc(o);  // the rescale of o stays above the fence
+            wgmma_fence();       // after the ordinary accesses of p, s and o
+            qk_issue(s, Qw, Ks_buf + st * KV_BYTES);        // group 1: S_it = Q K_it^T
+            pv_issue(o, p, Vs_buf + pst * KV_BYTES);        // group 2: O += P_{it-1} V_{it-1}
+            wgmma_wait<1>();                                 // S_it is done, the product may run on
+            wgmma_fence_acc(s);
+            const bool rescale = softmax_tile(s, m, l, alpha, it * Bc, row0, Nk, causal, sl2, g, t);
+            wgmma_wait<0>();
+            wgmma_fence_acc(o);
+            mbar_arrive(empty0 + 8 * pst);  // this thread is done with tile it - 1's stage
+            if (rescale) {
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    o[4 * n] *= alpha[0];
+                    o[4 * n + 1] *= alpha[0];
+                    o[4 * n + 2] *= alpha[1];
+                    o[4 * n + 3] *= alpha[1];
+                }
+            }
+        }
+        const int last = (n_mine - 1) % KV_STAGES;  // O += P V of this warpgroup's last tile
+        pack_p(p, s);
+        wgmma_fence_acc(o);
+        wgmma_fence();
+        pv_issue(o, p, Vs_buf + last * KV_BYTES);
+        wgmma_wait<0>();
+        wgmma_fence_acc(o);
+        mbar_arrive(empty0 + 8 * last);
+    }
+    for (int it = n_mine; it < n_tiles; it++) {  // the tiles it does not use
+        const int st = it % KV_STAGES;
+        mbar_wait(full0 + 8 * st, (it / KV_STAGES) & 1);
+        mbar_arrive(empty0 + 8 * st);
+    }
+
+    // finish: the row sum over the quad, then O / l and lse = m * scale + log(l)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float lr = l[h];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        int row = q0 + wrow0 + g + h * 8;
+        if (row >= Nq) continue;
+        float inv = (lr > 0.f) ? 1.f / lr : 0.f;  // a row that saw no key gets zeros
+        u32* Orow = (u32*)(O + ((size_t)bh * Nq + row) * D);
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            Orow[n * 4 + t] = pack_half2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+        if (t == 0) lse[(size_t)bh * Nq + row] = (lr > 0.f) ? m[h] * scale + logf(lr) : NEG_INF;
+    }
+}

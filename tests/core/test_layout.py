@@ -1,0 +1,233 @@
+"""The package's floor plan holds: every import inside ``flashref`` resolves, none goes round in
+a cycle or up into a package that contains it, and the layers import only downwards.
+
+Imports inside functions count as much as those at the top of a module: a lazy import still
+ties the two modules together, and a cycle hidden in a function is still a cycle. Read from
+the source with ``ast``, so no module is imported and no GPU, CuPy or torch is needed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import flashref
+
+ROOT = Path(flashref.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = ("flashref", *path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+PACKAGES = {name for name, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """The names a module defines or imports at its top level (what ``from m import x`` finds)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):  # names defined under a guard count too
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return names
+
+
+def _imports(name: str, path: Path):
+    """(line, imported module, name taken from it or None) for every import in the file that
+    reaches into flashref, relative ones resolved."""
+    package = name if name in PACKAGES else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "flashref":
+                    yield node.lineno, a.name, None
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "flashref":
+                continue
+            for a in node.names:
+                if f"{module}.{a.name}" in MODULES:
+                    yield node.lineno, f"{module}.{a.name}", None
+                else:
+                    yield node.lineno, module, a.name
+
+
+EDGES = {
+    name: [(line, target, what) for line, target, what in _imports(name, path)]
+    for name, path in MODULES.items()
+}
+
+
+def test_every_import_resolves():
+    """Each ``from flashref.x import y`` names a module that exists and a name it defines."""
+    defined = {name: _top_level_names(path) for name, path in MODULES.items()}
+    bad = []
+    for name, edges in EDGES.items():
+        for line, target, what in edges:
+            if target not in MODULES:
+                bad.append(f"{MODULES[name].relative_to(ROOT)}:{line}: no module {target}")
+            elif what is not None and what != "*" and what not in defined[target]:
+                bad.append(f"{MODULES[name].relative_to(ROOT)}:{line}: {target} has no {what}")
+    assert not bad, "\n".join(bad)
+
+
+def _module_aliases(name: str, path: Path):
+    """{local name: module} for each flashref module the file binds to a name (``import
+    flashref.gpu as fg``, ``from flashref.gpu import decode``), and the nodes of its code."""
+    tree = ast.parse(path.read_text())
+    package = name if name in PACKAGES else name.rpartition(".")[0]
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in MODULES:
+                    aliases[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            module = (
+                ".".join([*base, node.module] if node.module else base)
+                if node.level
+                else node.module
+            )
+            for a in node.names:
+                if f"{module}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
+    return aliases, tree
+
+
+def test_every_attribute_of_an_imported_module_exists():
+    """``gpu._check_inputs`` where ``gpu`` is ``flashref.gpu``: the attribute is defined there
+    (or is a submodule), so a name that moved to another module is caught without a GPU."""
+    defined = {name: _top_level_names(path) for name, path in MODULES.items()}
+    bad = []
+    for name, path in MODULES.items():
+        aliases, tree = _module_aliases(name, path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                target = aliases.get(node.value.id)
+                if target is None or node.attr in defined[target]:
+                    continue
+                if f"{target}.{node.attr}" not in MODULES:
+                    bad.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno}: {target} has no {node.attr}"
+                    )
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(edges: dict) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each a cycle."""
+    graph = {n: sorted({t for _, t, _ in e if t in MODULES and t != n}) for n, e in edges.items()}
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    cycles = _cycles(EDGES)
+    assert not cycles, "modules that import each other, directly or round a loop:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    """The check above can fail: two modules planted to import each other are reported."""
+    planted = dict(EDGES)
+    planted["flashref.softmax"] = [*EDGES["flashref.softmax"], (1, "flashref.state", None)]
+    planted["flashref.state"] = [*EDGES["flashref.state"], (1, "flashref.softmax", None)]
+    assert ["flashref.softmax", "flashref.state"] in _cycles(planted)
+
+
+def test_no_upward_import():
+    """No module takes a name from the face of a package that contains it: the face
+    (``__init__``) re-exports its modules, so such an import runs the other way round."""
+    bad = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: imports {what} from {target}"
+        for name, edges in EDGES.items()
+        for line, target, what in edges
+        if target in PACKAGES and name != target and name.startswith(target + ".")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+# (layer, what it must not import): each layer imports only the ones below it
+LAYERS = [
+    ("flashref.gpu", ("flashref.gpu.models", "flashref.bench", "flashref.torch", "flashref.ring")),
+    ("flashref.gpu.models", ("flashref.bench",)),
+    ("flashref.exercises", ("flashref.bench",)),
+]
+CORE = ("_checks", "softmax", "state", "attention", "backward", "decode", "kvcache", "io_model")
+
+
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize("layer,forbidden", LAYERS, ids=[layer for layer, _ in LAYERS])
+def test_layers_import_downwards(layer, forbidden):
+    bad = []
+    for name, edges in EDGES.items():
+        if not _inside(name, layer):
+            continue
+        if layer == "flashref.gpu" and _inside(name, "flashref.gpu.models"):
+            continue  # the models are their own layer, above the runtime
+        for line, target, _ in edges:
+            if any(_inside(target, f) for f in forbidden):
+                bad.append(f"{MODULES[name].relative_to(ROOT)}:{line}: imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("core", CORE)
+def test_numpy_core_imports_no_gpu_code(core):
+    """The NumPy modules every chapter imports stand on their own: no GPU, bench or torch."""
+    name = f"flashref.{core}"
+    bad = [
+        f"{line}: {target}"
+        for line, target, _ in EDGES[name]
+        if any(_inside(target, f) for f in ("flashref.gpu", "flashref.bench", "flashref.torch"))
+    ]
+    assert not bad, f"{name} imports " + ", ".join(bad)
