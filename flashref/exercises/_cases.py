@@ -167,12 +167,17 @@ def tiled_cases():
     return cases
 
 
-def memory_case():
-    """A case large enough for its peak memory to show whether the loop tiles (``_memory``).
+def memory_cases():
+    """Cases large enough for their peak memory to show whether the loop tiles (``_memory``).
 
-    Nq = Nk = 2048 with 128 x 128 tiles: the whole score matrix is 32 MiB, a tiled
-    loop's budget 3 MiB. A tiled NumPy loop takes about 0.1 s here.
+    Nq = Nk = 2048, d = 16: the whole score matrix is 32 MiB. Tiles of 512 x 32, then 32 x 512,
+    so that an array spanning every key of a query tile (``(Br, Nk)``: 8 MiB) or every query
+    of a key tile (``(Nq, Bc)``: 8 MiB), whichever loop order leaves it, is well over a tiled
+    loop's budget (3 MiB), which is itself well over what a tiled loop needs. A tiled NumPy
+    loop takes about 0.1 s here.
     """
     rng = np.random.default_rng(2024)
     q, k, v = (rng.standard_normal((2048, 16)) for _ in range(3))
-    return ("a long sequence, peak memory measured", q, k, v, 128, 128, False)
+    label = "a long sequence, peak memory measured"
+    return [(f"{label}, tall tiles", q, k, v, 512, 32, False),
+            (f"{label}, wide tiles", q, k, v, 32, 512, False)]  # fmt: skip

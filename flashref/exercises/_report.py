@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 WIDTH = 79  # a report line longer than this puts its problem on the next line
 NOT_IMPLEMENTED = "not implemented yet"  # the report for a function that raises NotImplementedError
+# the report for an answer whose every value is NaN (a placeholder such as np.full(shape, np.nan))
+ALL_NAN = "every value is NaN: not implemented yet, or a placeholder answer"
 PRECISION = "float32 precision: compute in float64, like the inputs"
 
 
@@ -39,13 +41,18 @@ class CheckResult:
         if self.passed:
             lines = [f"{self.exercise}: all {self.cases_run} cases passed"]
         elif (
-            all(f.problem == NOT_IMPLEMENTED for f in self.failures)
+            all(f.problem in (NOT_IMPLEMENTED, ALL_NAN) for f in self.failures)
             and len(self.failures) == self.cases_run
         ):
-            lines = [
-                f"{self.exercise}: {NOT_IMPLEMENTED} "
-                f"(all {self.cases_run} cases raised NotImplementedError)"
-            ]
+            how = {f.problem for f in self.failures}
+            what = (
+                "raised NotImplementedError"
+                if how == {NOT_IMPLEMENTED}
+                else "returned only NaN"
+                if how == {ALL_NAN}
+                else "raised NotImplementedError or returned only NaN"
+            )
+            lines = [f"{self.exercise}: {NOT_IMPLEMENTED} (all {self.cases_run} cases {what})"]
         else:
             lines = [f"{self.exercise}: {len(self.failures)} of {self.cases_run} cases failed"]
             for f in self.failures[:5]:

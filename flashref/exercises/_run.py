@@ -10,7 +10,10 @@ modify them) and runs in isolation:
   become one note at the end of the report;
 - an exception becomes that case's report line and the next case runs; a
   ``NotImplementedError`` reads "not implemented yet", so a function with one
-  branch still to write is checked on the others;
+  branch still to write is checked on the others; an answer that is NaN in every
+  value of every case (a placeholder such as ``np.full(shape, np.nan)``) reads
+  "every value is NaN" and gets no "likely mistake", unless a named mistake explains
+  every one of those cases (rescaling the wrong way overflows everywhere, for one);
 - what it returns is accepted or refused by the checker's answer rule
   (``_answer``) before any arithmetic touches it.
 
@@ -39,10 +42,11 @@ import numpy as np
 
 from ..state import SoftmaxState
 from ._answer import type_name
-from ._memory import peak_memory
-from ._report import NOT_IMPLEMENTED, PRECISION, CheckResult, Failure
+from ._memory import cannot_measure, peak_memory
+from ._report import ALL_NAN, NOT_IMPLEMENTED, PRECISION, CheckResult, Failure
 
 U32 = 2.0**-24  # float32's unit roundoff
+PLACEHOLDER_TOO = "every value of every case is NaN, as a placeholder answer's would be"
 FLOAT32_BAND = 4.0  # see the module docstring
 
 
@@ -117,7 +121,7 @@ def run(exercise: str, fn, cases: list[Case], name_mistakes: Callable) -> CheckR
     whose answer was accepted (value in float64).
     """
     result = CheckResult(exercise)
-    ran, quiet_warnings, warned_cases = [], [], 0
+    ran, quiet_warnings, warned_cases, placeholders = [], [], 0, 0
     for case in cases:
         result.cases_run += 1
         args = [copy(a) for a in case.args]  # fn may modify its inputs
@@ -140,13 +144,16 @@ def run(exercise: str, fn, cases: list[Case], name_mistakes: Callable) -> CheckR
             value, problem = case.accept(got)
             diagnosis = None
             if problem is None:
+                placeholders += _all_nan(value)
                 if case.distance(value) > 1:
                     problem = case.describe(value)
                     ran.append((case, value, len(result.failures)))
                 else:
                     ran.append((case, value, None))
                     if case.memory is not None:
-                        problem, diagnosis = case.memory(peak.bytes) or (None, None)
+                        problem = cannot_measure(peak)
+                        if problem is None:
+                            problem, diagnosis = case.memory(peak.bytes) or (None, None)
         if problem is None:
             if heard:
                 warned_cases += 1
@@ -159,10 +166,31 @@ def run(exercise: str, fn, cases: list[Case], name_mistakes: Callable) -> CheckR
         if any(index is not None for _, _, index in ran):
             name_mistakes(result, ran)
         _name_precision(result, ran)
+    if ran and placeholders == len(ran):  # NaN everywhere: a placeholder, unless a mistake
+        named = [result.failures[i].diagnosis for case, _, i in ran if case.wrong is not None]
+        if not all(named):  # (cases with no mistakes to simulate, the memory cases, aside)
+            for _, _, index in ran:  # (a NaN never passes, so every one of them failed)
+                result.failures[index] = Failure(result.failures[index].case, ALL_NAN)
+        else:
+            result.notes.append(PLACEHOLDER_TOO)
     if warned_cases:
         cases_text = "1 passing case" if warned_cases == 1 else f"{warned_cases} passing cases"
         result.notes.append(f"the function warned in {cases_text}: {'; '.join(quiet_warnings)}")
     return result
+
+
+def _arrays(value) -> list[np.ndarray]:
+    if isinstance(value, SoftmaxState):
+        return [np.asarray(x) for x in (value.m, value.l, value.o) if x is not None]
+    if isinstance(value, (tuple, list)):
+        return [a for x in value for a in _arrays(x)]
+    return [np.asarray(value)] if isinstance(value, (np.ndarray, float, np.floating)) else []
+
+
+def _all_nan(value) -> bool:
+    """Whether every number of an accepted answer is NaN (a placeholder, not an attempt)."""
+    arrays = [a for a in _arrays(value) if a.dtype.kind in "fc" and a.size]
+    return bool(arrays) and all(np.isnan(a).all() for a in arrays)
 
 
 def _name_precision(result: CheckResult, ran) -> None:

@@ -17,9 +17,10 @@ wrong, the checker also runs the known-wrong algorithms of
 output, the report names that mistake. The inputs are built in ``_cases``;
 ``_run`` calls the function.
 
-``check_tiled_attention`` also runs one long sequence (Nq = Nk = 2048) with
-its peak memory measured: a right answer that built the whole ``(Nq, Nk)``
-score matrix, as plain attention does, fails that case (``_memory``).
+``check_tiled_attention`` also runs a long sequence (Nq = Nk = 2048) twice, with
+tall and with wide tiles, its peak memory measured: a right answer that built the
+whole ``(Nq, Nk)`` score matrix, as plain attention does, fails both, and one with
+scores for a whole row or column of tiles at once fails one (``_memory``).
 """
 
 from __future__ import annotations
@@ -48,8 +49,15 @@ from ._attention_mistakes import (
     candidates,
     simulate_tiled,
 )
-from ._cases import memory_case, one_query_cases, tiled_cases
-from ._memory import NOT_TILED, UNTILED_KEYS, memory_verdict, tiled_budget
+from ._cases import memory_cases, one_query_cases, tiled_cases
+from ._memory import (
+    NOT_TILED,
+    UNTILED_KEYS,
+    UNTILED_QUERIES,
+    memory_verdict,
+    name_untiled,
+    tiled_budget,
+)
 from ._report import NOT_IMPLEMENTED, PRECISION, CheckResult
 from ._run import Case, check_callable, checker, float32_band, name_with, run
 
@@ -73,6 +81,7 @@ __all__ = [
     "PRECISION",
     "NOT_TILED",
     "UNTILED_KEYS",
+    "UNTILED_QUERIES",
 ]
 
 # Outputs are convex combinations of the rows of V, so errors are measured against
@@ -191,7 +200,8 @@ def _tiled_case(label, q, k, v, Br, Bc, causal, measure_memory=False) -> Case:
     if measure_memory:  # too large to simulate every mistake on: the small cases name them
         budget = tiled_budget(len(q), len(k), q.shape[1], v.shape[1], Br, Bc)
         wrong = None
-        memory = lambda peak: memory_verdict(peak, len(q), len(k), budget, blocks)  # noqa: E731
+        untiled = UNTILED_KEYS if Br > Bc else UNTILED_QUERIES  # what this tile shape shows
+        memory = lambda peak: memory_verdict(peak, len(q), len(k), budget, blocks, untiled)  # noqa: E731
     else:
         simulate = lambda **kw: simulate_tiled(q, k, v, Br, Bc, causal, **kw)  # noqa: E731
         wrong, memory = (candidates(causal), simulate), None
@@ -208,9 +218,9 @@ def _tiled_case(label, q, k, v, Br, Bc, causal, measure_memory=False) -> Case:
 
 
 @functools.cache
-def _long_case() -> Case:
-    """The memory case, built once per session: its float64 reference takes 0.1 s."""
-    return _tiled_case(*memory_case(), measure_memory=True)
+def _long_cases() -> tuple[Case, ...]:
+    """The memory cases, built once per session: their float64 references take 0.1 s each."""
+    return tuple(_tiled_case(*case, measure_memory=True) for case in memory_cases())
 
 
 # ---------------------------------------------------------------------------
@@ -241,8 +251,11 @@ def check_tiled_attention(fn: Callable) -> CheckResult:
     ``flashref.tiled_attention``. Cases include ``N = 1``, ``Nq != Nk`` both
     ways with ``causal``, block sizes 1 and larger than ``N``, sizes that are
     not multiples of the blocks, large scores peaking in the last tile, and a
-    long sequence whose peak memory must stay within what the tiles need.
+    long sequence (tall tiles, then wide ones) whose peak memory must stay within what
+    the tiles need.
     """
     check_callable(fn, "fn(q, k, v, block_q, block_k, causal) -> O (Nq, dv)")
-    cases = [_tiled_case(*case) for case in tiled_cases()] + [_long_case()]
-    return run("check_tiled_attention", fn, cases, _name_mistakes)
+    cases = [_tiled_case(*case) for case in tiled_cases()] + list(_long_cases())
+    result = run("check_tiled_attention", fn, cases, _name_mistakes)
+    name_untiled(result, "a long sequence, peak memory measured")
+    return result

@@ -11,9 +11,9 @@ with ``P = exp(S - lse)`` recomputed from ``S = Qi Kj^T / sqrt(d)`` and ``dP = d
 with ``q (Nq, d)``, ``k (Nk, d)``, ``v (Nk, dv)``, the forward's ``o (Nq, dv)`` and
 ``lse (Nq,)``, and ``do (Nq, dv)``; ``fn`` should return ``(dq, dk, dv)`` as
 ``flashref.tiled_attention_backward`` does (``causal`` aligned top-left). Its cases
-include a long sequence whose peak memory must stay within what tiles need, and a causal
-case whose keys after the last query tile hold NaN: no query may attend to them, so a
-loop that skips fully masked tiles never reads them.
+include a long sequence (tall tiles, then wide ones) whose peak memory must stay within
+what tiles need, and a causal case whose keys after the last query tile hold NaN: no
+query may attend to them, so a loop that skips fully masked tiles never reads them.
 
 Both use the scale ``1/sqrt(d)`` and float64 inputs, and compare with
 ``flashref.naive_attention_backward`` in float64. Each returned array is judged against
@@ -65,7 +65,7 @@ from ._backward_mistakes import (
     WRONG_SKIP,
 )
 from ._cases import _project_scores
-from ._memory import NOT_TILED
+from ._memory import NOT_TILED, UNTILED_KEYS, UNTILED_QUERIES, memory_verdict, name_untiled
 from ._parts import PartsCase, name_part_mistakes, parts_case
 from ._report import PRECISION, CheckResult
 from ._run import check_callable, checker, run
@@ -98,12 +98,13 @@ __all__ = [
     "OFF_BY_ONE",
     "PRECISION",
     "NOT_TILED",
-    "STRIPS",
+    "UNTILED_KEYS",
+    "UNTILED_QUERIES",
 ]
 
 TOL = 1e-5  # relative to the largest size of an array's entries (see the module docstring)
-STRIPS = "not tiled on one side: score arrays of a whole row or column of tiles"
-LONG = (2048, 2048, 16, 16, 128, 128)  # Nq, Nk, d, dv, Br, Bc of the memory case
+# Nq, Nk, d, dv, Br, Bc of the memory cases: tall tiles, then wide ones (_cases.memory_cases)
+LONG = ((2048, 2048, 16, 16, 512, 32), (2048, 2048, 16, 16, 32, 512))
 
 
 # ---------------------------------------------------------------------------
@@ -261,42 +262,35 @@ def backward_budget(Nq, Nk, d, dv, Br, Bc) -> int:
     Twice the bytes of q, k, v, o, do and the three gradients together (room for a scaled
     copy of q, the gradients, and a second buffer for them), plus twelve float64
     ``(Br, Bc)`` tiles (S, P, dP, dS, a mask and the temporaries of ``np.exp``,
-    ``np.where`` and the products). At Nq = Nk = 2048, d = dv = 16 and 128 x 128 tiles
-    that is 5.5 MiB, against 32 MiB for one (Nq, Nk) matrix. Measured peaks there: 1.4-1.6
-    MiB for three correct tiled solutions (both loop orders, flashref's own), 13 MiB for one
-    whose tiles span every query (``(Nq, Bc)`` strips), 129 MiB for the naive backward.
+    ``np.where`` and the products). At Nq = Nk = 2048, d = dv = 16 and 512 x 32 or 32 x 512
+    tiles that is 5.5 MiB, against 8 MiB for one array that spans every key of a query tile
+    ``(Br, Nk)`` or every query of a key tile ``(Nq, Bc)``, and 32 MiB for one (Nq, Nk)
+    matrix; a tiled backward holds several such arrays at once (S, P, dP, dS). Measured:
+    1.6-1.7 MiB for flashref's own in both cases, 49 MiB for ``(Nq, Bc)`` strips with wide
+    tiles (4.0 with tall ones), 130 MiB for one (Nq, Nk) tile.
     """
     inputs = Nq * d + Nk * d + Nk * dv + 2 * Nq * dv  # q, k, v, o, do
     gradients = Nq * d + Nk * d + Nk * dv  # dq, dk, dv
     return 2 * 8 * (inputs + gradients) + 12 * 8 * min(Br, Nq) * min(Bc, Nk)
 
 
-def _memory_verdict(peak, blocks):
-    """(problem, diagnosis) when the peak memory of the long case is over the budget."""
-    Nq, Nk, d, dv, Br, Bc = LONG
-    budget, mib = backward_budget(*LONG), 2**20
-    if peak <= budget:
-        return None
-    problem = (
-        f"the gradients are right, but the call's peak memory was {peak / mib:.1f} MiB:\n"
-        f"  a tiled backward with {blocks} needs at most {budget / mib:.1f} MiB"
-    )
-    if peak < 8 * Nq * Nk:
-        return problem, STRIPS
-    whole = f"one ({Nq}, {Nk}) matrix alone is {8 * Nq * Nk / mib:.0f} MiB"
-    return f"{problem};\n  {whole}", NOT_TILED
-
-
 @functools.cache
-def _long_case() -> PartsCase:
-    """The memory case, built once per session (its float64 reference takes 0.3 s)."""
-    Nq, Nk, d, dv, Br, Bc = LONG
-    rng = np.random.default_rng(2033)
-    q, k, v, do = _random(rng, (Nq, d), (Nk, d), (Nk, dv), (Nq, dv))
-    blocks = f"block_q={Br}, block_k={Bc}"
-    verdict = functools.partial(_memory_verdict, blocks=blocks)
-    label = "a long sequence, peak memory measured"
-    return _tiled_case(label, q, k, v, do, Br, Bc, False, False, memory=verdict)
+def _long_cases() -> tuple[PartsCase, ...]:
+    """The memory cases, built once per session (each float64 reference takes 0.3 s)."""
+    cases = []
+    for (Nq, Nk, d, dv, Br, Bc), shape in zip(LONG, ("tall", "wide"), strict=True):
+        rng = np.random.default_rng(2033)
+        q, k, v, do = _random(rng, (Nq, d), (Nk, d), (Nk, dv), (Nq, dv))
+        blocks = f"block_q={Br}, block_k={Bc}"
+        budget = backward_budget(Nq, Nk, d, dv, Br, Bc)
+        untiled = UNTILED_KEYS if Br > Bc else UNTILED_QUERIES
+
+        def verdict(peak, budget=budget, blocks=blocks, untiled=untiled, Nq=Nq, Nk=Nk):
+            return memory_verdict(peak, Nq, Nk, budget, blocks, untiled, "the gradients are")
+
+        label = f"a long sequence, peak memory measured, {shape} tiles"
+        cases.append(_tiled_case(label, q, k, v, do, Br, Bc, False, False, memory=verdict))
+    return tuple(cases)
 
 
 @checker
@@ -307,9 +301,11 @@ def check_tiled_backward(fn) -> CheckResult:
     ``flashref.tiled_attention_backward``. Cases include ``N = 1``, ``Nq != Nk`` both ways
     with ``causal``, block sizes 1 and larger than ``N``, sizes that are not multiples of
     the blocks, scores near 1000, a causal case with NaN in the keys after the last query
-    tile (skipped tiles are never read), and a long sequence whose peak memory must stay
-    within what the tiles need.
+    tile (skipped tiles are never read), and a long sequence (tall tiles, then wide ones)
+    whose peak memory must stay within what the tiles need.
     """
     check_callable(fn, "fn(q, k, v, o, lse, do, block_q, block_k, causal) -> (dq, dk, dv)")
-    cases = [_tiled_case(*case) for case in tiled_cases()] + [_long_case()]
-    return run("check_tiled_backward", fn, cases, name_part_mistakes)
+    cases = [_tiled_case(*case) for case in tiled_cases()] + list(_long_cases())
+    result = run("check_tiled_backward", fn, cases, name_part_mistakes)
+    name_untiled(result, "a long sequence, peak memory measured")
+    return result

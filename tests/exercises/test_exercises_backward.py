@@ -17,8 +17,8 @@ from flashref.exercises._report import NOT_IMPLEMENTED, PRECISION
 from flashref.exercises.attention import BOTTOM_RIGHT, NO_CAUSAL, OFF_BY_ONE, STRICT_CAUSAL
 from flashref.exercises.backward import (
     NOT_TILED,
-    STRIPS,
     TOL,
+    UNTILED_QUERIES,
     _tile_case,
     _tiled_case,
     tile_cases,
@@ -226,7 +226,7 @@ def test_tiled_accepts_correct_solutions():
     for fn in (kv_outer(), q_outer):
         result = check_tiled_backward(fn)
         assert result, str(result)
-        assert result.cases_run == 15
+        assert result.cases_run == 16
 
 
 @pytest.mark.parametrize(
@@ -284,12 +284,13 @@ def test_untiled_solutions_fail_the_memory_case():
     def key_strips(q, k, v, o, lse, do, block_q, block_k, causal):
         return kv_outer()(q, k, v, o, lse, do, len(q), block_k, causal)  # (Nq, Bc) strips
 
-    for fn, diagnosis in ((whole, NOT_TILED), (key_strips, STRIPS)):
+    for fn, diagnoses in ((whole, [NOT_TILED] * 2), (key_strips, [UNTILED_QUERIES])):
         with np.errstate(all="ignore"):  # one tile takes in the NaN keys of a causal case
             result = check_tiled_backward(fn)
         long = [f for f in result.failures if f.case.startswith("a long sequence")]
-        assert [f.diagnosis for f in long] == [diagnosis], str(result)
+        assert [f.diagnosis for f in long] == diagnoses, str(result)
         assert "the gradients are right, but the call's peak memory was" in long[0].problem
+    assert long[0].case.startswith("a long sequence, peak memory measured, wide tiles")
 
 
 def in_float32(solution):
@@ -319,7 +320,7 @@ def test_tiled_answer_rules_and_stub():
 
     result = check_tiled_backward(only_causal)
     assert all("causal=False" in f.case and f.problem == NOT_IMPLEMENTED for f in result.failures)
-    assert len(result.failures) == 7
+    assert len(result.failures) == 8  # 7 small cases and the tall-tiles memory case
 
 
 @pytest.mark.parametrize(

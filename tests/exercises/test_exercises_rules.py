@@ -316,3 +316,35 @@ def test_report_lines_of_a_diagnosis_fit_the_books_width():
             line for line in str(result).splitlines() if line.startswith(("  likely", "    "))
         ]
         assert diagnosis_lines and max(map(len, diagnosis_lines)) <= 79, str(result)
+
+
+def test_an_all_nan_placeholder_is_not_implemented_not_a_mistake():
+    """np.full(shape, np.nan) in every case is a placeholder: the report says so, names no
+    likely mistake, and a real attempt that is NaN only where it goes wrong is still named."""
+    import numpy as np
+
+    from flashref.exercises import check_device_step, check_tiled_attention, check_tiled_backward
+    from flashref.exercises._report import ALL_NAN
+
+    def backward(q, k, v, o, lse, do, block_q, block_k, causal):
+        return np.full(q.shape, np.nan), np.full(k.shape, np.nan), np.full(v.shape, np.nan)
+
+    def step(Q, P_q, K, V, P_k, causal):
+        return np.full((len(Q), V.shape[1]), np.nan), np.full(len(Q), np.nan)
+
+    def forward(q, k, v, block_q, block_k, causal):
+        return np.full((len(q), v.shape[1]), np.nan)
+
+    for checker, fn in ((check_tiled_backward, backward), (check_device_step, step)):
+        result = checker(fn)
+        assert not result and all(f.problem == ALL_NAN and f.diagnosis is None
+                                  for f in result.failures), str(result)  # fmt: skip
+        assert str(result).endswith(f"all {result.cases_run} cases returned only NaN)")
+        assert "likely mistake" not in str(result)
+    # rescaling the wrong way overflows in every case: NaN everywhere has a mistake that
+    # explains it, which is named, and the report says that a placeholder looks the same
+    result = check_tiled_attention(forward)
+    assert "likely mistake: " in str(result)
+    assert str(result).endswith(
+        "note: every value of every case is NaN, as a placeholder answer's would be"
+    )
