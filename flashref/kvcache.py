@@ -71,6 +71,8 @@ class PagedKVCache:
             self.dtype = None if dtype is None else np.dtype(dtype)
         except TypeError:
             self.dtype = None
+        if self.dtype is not None and self.dtype.kind == "f":  # '>f4': held in native order,
+            self.dtype = self.dtype.newbyteorder("=")  # as every input array is (as_float_array)
         if self.dtype is None or self.dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype is {dtype!r}; expected float16, float32 or float64")
         shape = (num_pages, self.num_kv_heads, self.page_size)

@@ -455,3 +455,16 @@ def test_numpy_ids_and_an_empty_batch():
     )
     O, lse = paged_attention(q[:0], cache, [], return_lse=True)
     assert O.shape == (0, 2, 1, 4) and lse.shape == (0, 2, 1)
+
+
+def test_a_big_endian_dtype_is_taken_as_any_input_array_is():
+    """dtype='>f4' is float32 in the other byte order: the cache holds native float32, and
+    big-endian arrays append as everywhere else (converted, values unchanged)."""
+    cache = PagedKVCache(4, 8, 2, 16, dtype=">f4")
+    assert cache.dtype == np.float32 and cache.k_pages.dtype == np.float32
+    seq = cache.new_sequence()
+    k = np.arange(2 * 3 * 16, dtype=">f4").reshape(2, 3, 16)
+    cache.append(seq, k, k)
+    assert np.array_equal(cache.gather(seq)[0], k.astype(np.float32))
+    with pytest.raises(TypeError, match="dtype is '>i4'; expected float16, float32 or float64"):
+        PagedKVCache(4, 8, 2, 16, dtype=">i4")

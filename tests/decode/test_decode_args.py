@@ -444,3 +444,44 @@ def test_decode_plan_is_kept_per_shape_and_still_checks_every_argument():
     with pytest.raises(TypeError, match="B must be an int, got bool"):
         dec.decode_plan(True, 32, 8, 1, 32768, 128, 132)
     assert dec.decode_plan(np.int64(1), 32, 8, 1, 32768, 128, 132) == p  # checked, then equal
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        ({"num_splits": 0}, ValueError, "num_splits must be >= 1, got 0"),
+        ({"num_splits": -3}, ValueError, "num_splits must be >= 1, got -3"),
+        ({"num_splits": 2.5}, TypeError, "num_splits must be an int, got float"),
+        ({"num_splits": True}, TypeError, "num_splits must be an int, got bool"),
+        ({"d": 7}, ValueError, r"d is 7; the decode kernel supports d in \(64, 128\)"),
+        ({"d": 96}, ValueError, r"d is 96; the decode kernel supports d in \(64, 128\)"),
+        ({"d": 64.0}, TypeError, "d must be an int, got float"),
+        ({"Nq": 17}, ValueError, "Nq is 17; the decode kernel takes 1 <= Nq <= 16 queries"),
+        ({"Nq": 0}, ValueError, "Nq must be >= 1, got 0"),
+        ({"B": True}, TypeError, "B must be an int, got bool"),
+        ({"Nk": -1}, ValueError, "Nk must be >= 0, got -1"),
+        ({"sm_count": 0}, ValueError, "sm_count must be >= 1, got 0"),
+        ({"Hkv": 3}, ValueError, "Hkv"),
+    ],
+    ids=lambda x: str(x) if isinstance(x, dict) else "",
+)
+def test_decode_plan_checks_its_arguments_as_the_entry_points_do(change, error, match):
+    """decode_plan is public: a bad argument is an error naming it, never an empty grid or a
+    bare KeyError."""
+    args = {"B": 2, "Hq": 8, "Hkv": 2, "Nq": 1, "Nk": 100, "d": 64, "sm_count": 132}
+    num_splits = change.pop("num_splits", None)
+    with pytest.raises(error, match=match):
+        fg.decode_plan(**{**args, **change}, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("name", ["block_table", "lengths"])
+def test_a_ragged_list_is_an_error_naming_the_argument(name, no_cupy):
+    q = np.zeros((2, 8, 1, 64), np.float16)
+    pages = np.zeros((4, 2, 64, 64), np.float16)
+    table, lengths = [[0, 1], [2, 3]], [100, 64]
+    if name == "block_table":
+        table = [[0, 1], [2]]
+    else:
+        lengths = [[100], 64]
+    with pytest.raises(ValueError, match=f"{name} must be a rectangular array of integers"):
+        fg.paged_decode_attention(q, pages, pages, table, lengths)

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from ..._checks import check_block, check_shapes, group_size
 from .check_memo import CheckMemo
 from .checks import (
-    HEAD_DIMS,  # noqa: F401 (flash_attention's grouped-heads check reads them from here)
-    MAX_NQ,  # noqa: F401
+    HEAD_DIMS,
+    MAX_NQ,
     check_arrays,
     check_block_table,
     check_common,
@@ -116,9 +116,22 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs.
 
     Kept per argument tuple (a plan is frozen): a decode step repeats its shape every call,
-    and the split search costs more host time than a short kernel runs.
+    and the split search costs more host time than a short kernel runs. Every argument is
+    checked as the entry points check it, each error naming the one that is wrong:
+    counts are ints (not bools) of at least 1 (``Nk`` 0 allowed), ``1 <= Nq <= 16``,
+    ``d`` 64 or 128, ``num_splits`` None or an int in ``1..MAX_SPLITS`` for the versions
+    that merge in registers.
     """
     version = check_version(version)
+    B, Hq, Hkv = check_block(B, "B"), check_block(Hq, "Hq"), check_block(Hkv, "Hkv")
+    Nq, Nk = check_block(Nq, "Nq"), check_block(Nk, "Nk", minimum=0)
+    sm_count = check_block(sm_count, "sm_count")
+    if Nq > MAX_NQ:
+        raise ValueError(f"Nq is {Nq}; the decode kernel takes 1 <= Nq <= {MAX_NQ} queries")
+    if check_block(d, "d") not in HEAD_DIMS:
+        raise ValueError(f"d is {d!r}; the decode kernel supports d in {HEAD_DIMS}")
+    if num_splits is not None:
+        num_splits = check_block(num_splits, "num_splits")
     G = group_size(Hq, Hkv, kv="k")
     tiles, blocks = row_tiles(G, Nq)
     if num_splits is None:

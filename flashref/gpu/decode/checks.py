@@ -69,7 +69,13 @@ def host_ints(x, name: str, ndim: int) -> np.ndarray:
         x = x.detach().cpu().numpy()
     elif type(x).__module__.split(".")[0] == "cupy":
         x = x.get()
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except ValueError as exc:  # a ragged list: rows of different lengths
+        raise ValueError(
+            f"{name} must be a rectangular array of integers, {ndim}-D; got "
+            f"{type(x).__name__} that NumPy cannot make one array of ({exc})"
+        ) from None
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} has dtype {arr.dtype}; expected integers (int32)")
     if arr.ndim != ndim:
