@@ -26,7 +26,6 @@ checks). Writes JSON (schema in ``write_json``) to ``results/gpu_backward.json``
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -38,12 +37,17 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli
 from ._common import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
+from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version
 
 DEFAULT_N = (1024, 4096, 16384)
 SDPA = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 BWD_FLOP_FACTOR = 2.5
+
+
+PROG = "python -m flashref.bench gpu --backward"
 
 
 def _time(run, make_event, repeats: int = REPEATS, warmup: int = 2):
@@ -264,10 +268,9 @@ def write_json(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m flashref.bench gpu --backward",
+    parser = ArgumentParser(
+        prog=PROG,
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--d", type=int, nargs="+", choices=(64, 128), default=[64, 128])
     parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_N))
@@ -293,4 +296,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

@@ -29,14 +29,20 @@ import numpy as np
 
 from flashref.attention import naive_attention, tiled_attention
 
+from . import cli
+from .cli import ArgumentParser
+
 D = 64
 DTYPE = np.float32
 SWEEP_BLOCKS = [(64, 64), (128, 128), (256, 256), (256, 512), (512, 512), (512, 1024)]
 
 
+PROG = "python -m flashref.bench cpu"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m flashref.bench cpu",
+    p = ArgumentParser(
+        prog=PROG,
         description="Naive vs tiled NumPy attention (one head, d=64, float32): time, memory.",
     )
     p.add_argument("--sizes", default="1024,2048,4096,8192", help="comma-separated N values")
@@ -394,4 +400,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

@@ -45,7 +45,6 @@ Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import json
@@ -57,7 +56,9 @@ from pathlib import Path
 import numpy as np
 
 from ..gpu.decode import VERSIONS
+from . import cli
 from ._common import ClockSampler, _import_torch, _median_ms
+from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
 from .timing.call_time import host_us, kernel_us
@@ -73,6 +74,9 @@ READ_BYTES = 4 * 2**30
 BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
 GRAPH_BACKENDS = ("sdpa_flash", "sdpa_cudnn")  # the SDPA rows that get graph_us
 GRAPH_REPLAYS = 5  # graph_us: each round the median of this many replays
+
+
+PROG = "python -m flashref.bench decode"
 
 
 def hbm_read_roof(cp, sm_count: int) -> float:
@@ -498,10 +502,9 @@ def write_json(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m flashref.bench decode",
+    parser = ArgumentParser(
+        prog=PROG,
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"],
@@ -523,4 +526,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

@@ -13,13 +13,17 @@ is bound by the first of these whenever it is longer than the second.
 
 from __future__ import annotations
 
-import argparse
 import math
 
-from flashref.bench.timing.call_time import host_us, kernel_us
+from . import cli
+from .cli import ArgumentParser
+from .timing.call_time import host_us, kernel_us
 
 SHAPES = ((1, 32, 4096), (1, 8, 4096), (1, 8, 32768), (8, 32, 4096))  # (B, Hkv, Nk)
 HQ, D = 32, 128
+
+
+PROG = "python -m flashref.bench.decode_host_time"
 
 
 def shape_rows(cp, torch, B, Hkv, Nk, versions, calls) -> None:
@@ -68,7 +72,7 @@ def _us(x) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", type=int, nargs="+", default=[3, 5, 6])
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args(argv)
@@ -86,4 +90,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, PROG))

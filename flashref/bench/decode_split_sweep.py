@@ -13,17 +13,22 @@ run. Prints microseconds per call and writes the rows (with provenance) to ``--o
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
 import sys
 from pathlib import Path
 
+from . import cli
+from .cli import ArgumentParser
+
 SHAPES = ((1, 8, 4096), (1, 32, 4096), (8, 8, 4096), (32, 32, 4096), (1, 8, 32768),
           (8, 8, 32768), (1, 8, 131072))  # (B, Hkv, Nk)  # fmt: skip
 HQ = 32
 REPLAYS = 5
+
+
+PROG = "python -m flashref.bench.decode_split_sweep"
 
 
 def candidates(auto: int, top: int) -> list[int]:
@@ -34,7 +39,7 @@ def candidates(auto: int, top: int) -> list[int]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, nargs="+", default=[4, 5, 6])
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     parser.add_argument("--d", type=int, default=128, choices=(64, 128))
@@ -117,4 +122,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

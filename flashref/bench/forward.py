@@ -29,7 +29,6 @@ Writes JSON (schema in ``write_json``) to ``results/gpu_bench.json`` or ``--out`
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -44,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli
 from ._common import (
     HEADS,
     REPEATS,
@@ -53,6 +53,7 @@ from ._common import (
     batch,
     flops,
 )
+from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version
 from .roofs import measure as measure_roofs
 
@@ -67,6 +68,9 @@ SDPA_BACKENDS = {
     "sdpa_math": ("MATH", "SDPA MATH (unfused)"),
 }
 SLOW = {"v1", "v2", "naive_cupy_fp32", "naive_cupy_fp16", "sdpa_math", "sdpa_efficient"}
+
+
+PROG = "python -m flashref.bench gpu"
 
 
 def naive_cupy(cp, q, k, v, causal: bool, bias=None):
@@ -360,10 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         from .backward import main as backward_main  # the backward tables alone
 
         return backward_main([a for a in argv if a != "--backward"])
-    parser = argparse.ArgumentParser(
-        prog="python -m flashref.bench gpu",
+    parser = ArgumentParser(
+        prog=PROG,
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help=f"only N in {QUICK_N}")
     parser.add_argument("--d", type=int, nargs="+", choices=(64, 128), help="head dims")
@@ -395,4 +398,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

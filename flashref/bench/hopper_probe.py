@@ -13,7 +13,6 @@ random normals, against float64 with the 2x-naive rule of ``flashref.gpu.toleran
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -21,12 +20,16 @@ import numpy as np
 from ..gpu.models import hopper as hp
 from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 from ..gpu.tolerances import tolerance
+from .cli import ArgumentParser
 
 STAGES = ("tma", "pipeline", "ss_hand", "ss_tma", "rs")
 PIPELINE_TILES = 5  # odd: each buffer's barrier goes through both parities
 PROBE = KERNEL_DIR / "probes" / "probe_wgmma.cu"
 S_BOUND = 64 * 2.0**-23  # fp32 accumulation of 64 exact products, elementwise
 SHOW = 5  # mismatching elements printed
+
+
+PROG = "python -m flashref.bench.hopper_probe"
 
 
 def source() -> str:
@@ -312,7 +315,7 @@ def run(stage: str, dtype: str, n: int, lbo: int | None = None, sbo: int = 1024)
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("stage", choices=STAGES)
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--n", type=int, default=64, choices=(64, 128))

@@ -14,7 +14,6 @@ or is missing in either folder and exits 1 if there is any.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -24,7 +23,13 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import cli
+from .cli import ArgumentParser
+
 SM90 = "-arch=sm_90"
+
+
+PROG = "python -m flashref.bench.ptx_snapshot"
 
 
 def builds() -> list[tuple[str, str, list[str]]]:
@@ -98,17 +103,15 @@ def compare(before: dict, after: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m flashref.bench.ptx_snapshot",
+    parser = ArgumentParser(
+        prog=PROG,
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("out", type=Path, help="folder for the PTX files and manifest.json")
     parser.add_argument("--compare", type=Path, metavar="BEFORE", help="an earlier OUT folder")
     args = parser.parse_args(argv)
     if subprocess.run(["which", "nvcc"], capture_output=True).returncode != 0:
-        print("nvcc (the CUDA compiler) is not on PATH: nothing built", file=sys.stderr)
-        return 2
+        return cli.missing(PROG, "nvcc (the CUDA compiler) is not on PATH: nothing built")
     manifest = snapshot(args.out)
     print(f"{len(manifest['ptx_sha256'])} builds written to {args.out} ({manifest['nvcc']})")
     if args.compare is None:
@@ -124,4 +127,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

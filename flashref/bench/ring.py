@@ -28,7 +28,6 @@ and hold two copies of it.)
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -39,10 +38,14 @@ import numpy as np
 
 from .._checks import check_flag, check_qkv, check_scale
 from ..ring.simulate import _check_layout
-from . import ring_check
+from . import cli, ring_check
+from .cli import ArgumentParser
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 RTOL64 = 1e-12  # float64: see tests/ring/test_ring.py
+
+
+PROG = "python -m flashref.bench.ring"
 
 
 def spawn(fn, nprocs: int, *args) -> None:
@@ -135,9 +138,7 @@ def ring_attention_gloo(
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m flashref.bench.ring", description=__doc__.split("\n\n")[0]
-    )
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gpus", type=int, help="processes, one per GPU, talking over NCCL")
     where.add_argument("--cpu", type=int, help="processes on the CPU, talking over gloo (float64)")
@@ -286,4 +287,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

@@ -17,7 +17,6 @@ are in ``flashref/kernels/roofs/``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,9 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from ..gpu.registry import KERNEL_DIR, paste_includes
+from . import cli
+from .cli import ArgumentParser
 
 ROOF_DIR = KERNEL_DIR / "probes"  # the ceilings' microbenchmarks, beside the layout probes
 REPEATS = 7
+
+
+PROG = "python -m flashref.bench roofs"
 
 
 def _source(name: str) -> str:
@@ -134,7 +138,7 @@ def measure(cp) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashref.bench roofs", description=__doc__)
+    parser = ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
     args = parser.parse_args(argv)
     from ..gpu._runtime import _require_gpu
@@ -150,4 +154,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

@@ -15,7 +15,6 @@ one line per (backward version, dtype, d, causal) with the relative errors of dq
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -25,8 +24,13 @@ from flashref.backward import naive_attention_backward
 
 from ..gpu import BWD_VERSIONS, VERSIONS
 from ..gpu._runtime import _device_cc, _require_gpu
+from . import cli
+from .cli import ArgumentParser
 
 LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
+
+
+PROG = "python -m flashref.bench.selfcheck"
 
 
 def host_dtype(name: str):
@@ -187,7 +191,7 @@ def main_backward(args, cp) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashref.bench.selfcheck")
+    parser = ArgumentParser(prog="python -m flashref.bench.selfcheck")
     parser.add_argument("--small", action="store_true", help="one small ragged shape per case")
     parser.add_argument("--versions", type=int, nargs="+", help="only these versions")
     parser.add_argument("--decode", action="store_true", help="only the decode kernels")
@@ -231,4 +235,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

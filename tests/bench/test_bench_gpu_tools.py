@@ -86,12 +86,15 @@ def test_source_sampling_is_summarised_by_opcode():
     assert kernel["opcode_stall_share"]["HMMA"] == {"wait": 0.4, "math": 0.2}
 
 
-def test_profile_without_ncu_says_so_and_exits_cleanly(monkeypatch, capsys, tmp_path):
+def test_profile_without_ncu_says_so_in_one_line(monkeypatch, capsys, tmp_path):
+    from flashref.bench.cli import EXIT_MISSING
+
     monkeypatch.setattr(shutil, "which", lambda name: None)
     out = tmp_path / "p.json"
-    assert profile.main(["--out", str(out)]) == 0
-    assert "ncu (Nsight Compute) is not on PATH" in capsys.readouterr().out
-    assert not out.exists()
+    assert profile.main(["--out", str(out)]) == EXIT_MISSING == 3
+    err = capsys.readouterr().err
+    assert err.startswith("python -m flashref.bench profile: ncu (Nsight Compute) is not on PATH")
+    assert err.count("\n") == 1 and not out.exists()
 
 
 def test_recorded_files_carry_their_provenance():

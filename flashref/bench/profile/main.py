@@ -35,7 +35,6 @@ GPU chooses, the same as in the benchmark. Without ``ncu`` on PATH this says so 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -43,6 +42,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import cli
+from ..cli import ArgumentParser
 from .ncu import (
     PROFILE_SHAPE,
     _meta,
@@ -76,6 +77,9 @@ IO_FLASH_VERSIONS = (10, 14)
 
 
 PAPER_SHAPE = {"B": 64, "H": 16, "N": 1024, "d": 64}
+
+
+PROG = "python -m flashref.bench profile"
 
 
 def version_plan(quick: bool = False, only=None) -> list[dict]:
@@ -138,7 +142,7 @@ def backward_main(args, meta: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashref.bench profile", description=__doc__)
+    parser = ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument(
         "--out",
         type=Path,
@@ -178,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         part = next((f"_{k}" for k in ("backward", "decode", "hopper") if getattr(args, k)), "")
         args.out = Path(f"results/gpu{part}_profile.json")
     if shutil.which("ncu") is None:
-        print("ncu (Nsight Compute) is not on PATH: nothing profiled. It ships with the CUDA "
-              "toolkit (nsight-compute); put its folder on PATH and run again.")  # fmt: skip
-        return 0
+        what = "ncu (Nsight Compute) is not on PATH: nothing profiled; it ships with the CUDA"
+        return cli.missing(PROG, f"{what} toolkit (nsight-compute): put its folder on PATH")
     from ...gpu._runtime import _require_gpu
 
     cp = _require_gpu()
@@ -224,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main, PROG))

@@ -1,0 +1,49 @@
+"""What every command of the harness shares: its help, and how it ends where something it needs
+is missing.
+
+Every ``--help`` shows each option's default (``ArgumentParser``). A command that needs what this
+machine lacks (a GPU and CuPy, Nsight Compute's ``ncu``) prints one line on stderr naming what is
+missing and how to get it, and exits with ``EXIT_MISSING`` (3); a bad argument exits with 2, as
+argparse does, and a command that ran but found a failure (``selfcheck``) with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_MISSING = 3  # something the command needs is not on this machine
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The description as written (the module docstrings are laid out), defaults shown."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose help shows every option's default, including those
+    added without a help text."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        if "help" not in kwargs and kwargs.get("action") not in ("help", "version"):
+            kwargs["help"] = "default: %(default)s"
+        return super().add_argument(*args, **kwargs)
+
+
+def missing(prog: str, what: str) -> int:
+    """Say on one line what ``prog`` needs and this machine lacks; the exit code to return."""
+    print(f"{prog}: {what}", file=sys.stderr)
+    return EXIT_MISSING
+
+
+def run(main, prog: str, argv: list[str] | None = None) -> int:
+    """``main(argv)``, with a missing GPU or CuPy said on one line (``missing``)."""
+    from ..gpu import GPUUnavailableError
+
+    try:
+        return main(argv)
+    except GPUUnavailableError as exc:
+        return missing(prog, str(exc))

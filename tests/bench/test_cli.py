@@ -1,0 +1,52 @@
+"""The harness's commands without a GPU: help that lists the subcommands and shows every
+option's default (exit 0), and one line naming what is missing (exit 3) instead of a
+traceback. Each command runs in a process of its own, as a reader runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashref.gpu import available
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBCOMMANDS = ("cpu", "gpu", "decode", "profile", "roofs")
+MODULES = ("selfcheck", "ring", "decode_split_sweep", "decode_host_time", "ptx_snapshot")
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)  # fmt: skip
+
+
+def test_help_lists_the_subcommands_and_exits_0():
+    proc = _run("flashref.bench", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for name in SUBCOMMANDS:
+        assert f"\n  {name} " in proc.stdout
+    assert "3 something the command needs" in proc.stdout
+    bad = _run("flashref.bench", "nope")
+    assert bad.returncode == 2 and "unknown subcommand 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("args", [("flashref.bench", s) for s in SUBCOMMANDS]
+                         + [(f"flashref.bench.{m}",) for m in MODULES],
+                         ids=lambda a: " ".join(a))  # fmt: skip
+def test_every_command_shows_its_defaults(args):
+    proc = _run(*args, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "(default:" in proc.stdout or "default:" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(available(), reason="this machine has a GPU: the commands would run")
+@pytest.mark.parametrize("args", [("flashref.bench", "gpu"), ("flashref.bench", "decode"),
+                                  ("flashref.bench", "roofs"), ("flashref.bench.selfcheck",)],
+                         ids=lambda a: " ".join(a))  # fmt: skip
+def test_without_a_gpu_one_line_says_what_is_missing(args):
+    proc = _run(*args)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "flashref.gpu cannot run" in proc.stderr
