@@ -1,0 +1,46 @@
+"""The package's metadata says what it ships, once: the version in one place, the build floor
+the license string needs, every kernel source in the package data, a LICENSE file."""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from pathlib import Path
+
+import flashref
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_version_is_written_once():
+    project = PYPROJECT["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "flashref.__version__"}
+    assert flashref.__version__.count(".") == 2
+
+
+def test_the_build_floor_reads_the_license_string_and_the_license_ships():
+    """An SPDX string in project.license needs setuptools 77 (68 fails the build)."""
+    assert isinstance(PYPROJECT["project"]["license"], str)
+    (floor,) = [r for r in PYPROJECT["build-system"]["requires"] if r.startswith("setuptools")]
+    assert floor.replace(" ", "") == "setuptools>=77"
+    assert PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+
+
+def test_every_kernel_source_is_package_data():
+    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["flashref"]
+    package = ROOT / "flashref"
+    sources = [p.relative_to(package).as_posix() for p in (package / "kernels").rglob("*.cu*")]
+    assert len(sources) > 50
+    missed = [s for s in sources if not any(fnmatch.fnmatch(s, pat) for pat in patterns)]
+    assert not missed, missed
+
+
+def test_the_extras_bring_what_their_modules_import():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert any(r.startswith("torch") for r in extras["torch"])
+    for cuda in ("cuda12", "cuda13"):  # CuPy's CUDA libraries, NVRTC among them
+        assert any(r.startswith(f"cupy-{cuda}x[ctk]") for r in extras[cuda]), extras[cuda]
+    assert any(r.startswith("threadpoolctl") for r in extras["book"])  # chapter 4 imports it
