@@ -48,22 +48,29 @@ def _top_level_names(path: Path) -> set[str]:
     return names
 
 
-def _imports(name: str, path: Path):
-    """(line, imported module, name taken from it or None) for every import in the file that
-    reaches into flashref, relative ones resolved."""
-    package = name if name in PACKAGES else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+DEFINED = {name: _top_level_names(path) for name, path in MODULES.items()}
+
+
+def _from_module(name: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` in module ``name`` reads from, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    base = (name if name in PACKAGES else name.rpartition(".")[0]).split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imports(name: str):
+    """(line, imported module, name taken from it or None) for every import in the module
+    that reaches into flashref."""
+    for node in ast.walk(TREES[name]):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] == "flashref":
                     yield node.lineno, a.name, None
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                module = ".".join([*base, node.module] if node.module else base)
-            else:
-                module = node.module or ""
+            module = _from_module(name, node)
             if module.split(".")[0] != "flashref":
                 continue
             for a in node.names:
@@ -73,60 +80,48 @@ def _imports(name: str, path: Path):
                     yield node.lineno, module, a.name
 
 
-EDGES = {
-    name: [(line, target, what) for line, target, what in _imports(name, path)]
-    for name, path in MODULES.items()
-}
+EDGES = {name: list(_imports(name)) for name in MODULES}
 
 
 def test_every_import_resolves():
     """Each ``from flashref.x import y`` names a module that exists and a name it defines."""
-    defined = {name: _top_level_names(path) for name, path in MODULES.items()}
     bad = []
     for name, edges in EDGES.items():
         for line, target, what in edges:
             if target not in MODULES:
                 bad.append(f"{MODULES[name].relative_to(ROOT)}:{line}: no module {target}")
-            elif what is not None and what != "*" and what not in defined[target]:
+            elif what is not None and what != "*" and what not in DEFINED[target]:
                 bad.append(f"{MODULES[name].relative_to(ROOT)}:{line}: {target} has no {what}")
     assert not bad, "\n".join(bad)
 
 
-def _module_aliases(name: str, path: Path):
-    """{local name: module} for each flashref module the file binds to a name (``import
-    flashref.gpu as fg``, ``from flashref.gpu import decode``), and the nodes of its code."""
-    tree = ast.parse(path.read_text())
-    package = name if name in PACKAGES else name.rpartition(".")[0]
+def _module_aliases(name: str) -> dict[str, str]:
+    """{local name: module} for each flashref module the module binds to a name (``import
+    flashref.gpu as fg``, ``from flashref.gpu import decode``)."""
     aliases = {}
-    for node in ast.walk(tree):
+    for node in ast.walk(TREES[name]):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname and a.name in MODULES:
                     aliases[a.asname] = a.name
         elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1]
-            module = (
-                ".".join([*base, node.module] if node.module else base)
-                if node.level
-                else node.module
-            )
+            module = _from_module(name, node)
             for a in node.names:
                 if f"{module}.{a.name}" in MODULES:
                     aliases[a.asname or a.name] = f"{module}.{a.name}"
-    return aliases, tree
+    return aliases
 
 
 def test_every_attribute_of_an_imported_module_exists():
     """``gpu._check_inputs`` where ``gpu`` is ``flashref.gpu``: the attribute is defined there
     (or is a submodule), so a name that moved to another module is caught without a GPU."""
-    defined = {name: _top_level_names(path) for name, path in MODULES.items()}
     bad = []
     for name, path in MODULES.items():
-        aliases, tree = _module_aliases(name, path)
-        for node in ast.walk(tree):
+        aliases = _module_aliases(name)
+        for node in ast.walk(TREES[name]):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 target = aliases.get(node.value.id)
-                if target is None or node.attr in defined[target]:
+                if target is None or node.attr in DEFINED[target]:
                     continue
                 if f"{target}.{node.attr}" not in MODULES:
                     bad.append(
