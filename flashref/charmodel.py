@@ -96,7 +96,7 @@ def attention_function(name: str):
     if name == "flashref":
         from flashref.torch import attention
 
-        return lambda q, k, v: attention(q, k, v, causal=True)
+        return lambda q, k, v: attention(q, k, v, is_causal=True)
     if name == "sdpa":
         from torch.nn.functional import scaled_dot_product_attention as sdpa
 

@@ -1,20 +1,26 @@
 """flashref's kernels as a PyTorch operation with a gradient (optional: needs torch).
 
     import flashref.torch
-    y = flashref.torch.attention(q, k, v, causal=True)  # like F.scaled_dot_product_attention
+    y = flashref.torch.attention(q, k, v, is_causal=True)  # F.scaled_dot_product_attention's call
     y.sum().backward()  # q.grad, k.grad, v.grad from flashref.gpu.flash_attention_backward
 
-``FlashAttention`` is a ``torch.autograd.Function``: its forward runs
-``flashref.gpu.flash_attention`` with ``return_lse=True`` and saves ``q, k, v, O, lse``
-for its backward, which runs ``flashref.gpu.flash_attention_backward``. The tensors go to
-and from the kernels through DLPack, so nothing is copied on the way, and every kernel is
-launched on torch's current CUDA stream, so it is ordered with the model's other work.
+Two custom operators, registered with ``torch.library.custom_op``:
+
+* ``flashref::attention_forward(q, k, v, is_causal, scale) -> (O, lse)`` runs
+  ``flashref.gpu.flash_attention`` with ``return_lse=True``;
+* ``flashref::attention_backward(dO, q, k, v, O, lse, is_causal, scale) -> (dq, dk, dv)``
+  runs ``flashref.gpu.flash_attention_backward``;
+
+each with a fake (meta) function, so that ``torch.compile(model, fullgraph=True)`` traces a
+model that calls them without a graph break, and the forward with its autograd formula (the
+backward operator). The kernels read the tensors in place (no copy, no DLPack), run on
+torch's current CUDA stream and allocate from torch's allocator, so a call is ordered with
+the model's other work and can be captured by ``torch.cuda.graph`` or
+``torch.compile(mode="reduce-overhead")``.
 
 Nothing else in flashref imports this module, and torch is required by nothing else:
 importing it without torch installed is an ImportError that says so.
 """
-
-from __future__ import annotations
 
 try:
     import torch
@@ -25,8 +31,6 @@ except ImportError as exc:
         "flashref.gpu.flash_attention with CuPy arrays, which needs no torch"
     ) from exc
 
-from contextlib import contextmanager
-
 from . import gpu
 from .gpu import _runtime
 
@@ -35,55 +39,93 @@ BACKWARD_DTYPES = ("float16", "bfloat16")
 BACKWARD_HEAD_DIMS = (64, 128)
 
 
-@contextmanager
-def _on_torch_stream(device: torch.device):
-    """CuPy's current device and stream set to torch's for ``device`` while inside."""
-    cp = _runtime._require_gpu()
-    stream = torch.cuda.current_stream(device)
-    with cp.cuda.Device(device.index), cp.cuda.ExternalStream(stream.cuda_stream, device.index):
-        yield
+@torch.library.custom_op("flashref::attention_forward", mutates_args=(), device_types="cuda")
+def attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(O, lse)`` of C-contiguous CUDA tensors: ``flashref.gpu.flash_attention``."""
+    return gpu.flash_attention(q, k, v, causal=is_causal, scale=scale, return_lse=True)
 
 
-class FlashAttention(torch.autograd.Function):
-    """``softmax(scale * q k^T) v`` by flashref's kernels, with their backward pass.
+@attention_forward.register_fake
+def _(q, k, v, is_causal, scale):
+    _check_tensors(q, k, v, is_causal, scale)  # at trace time, on the shapes the graph will see
+    lead = q.shape[:-1]
+    return q.new_empty((*lead, v.shape[-1])), q.new_empty(lead, dtype=torch.float32)
 
-    Takes checked, C-contiguous torch CUDA tensors ``q (..., Nq, d)``, ``k, v (..., Nk, d)``
-    of one dtype; call it through ``attention``, which checks and prepares them.
-    """
+
+@torch.library.custom_op("flashref::attention_backward", mutates_args=(), device_types="cuda")
+def attention_backward(
+    dO: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    O: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)``: ``flashref.gpu.flash_attention_backward``."""
+    return gpu.flash_attention_backward(
+        q, k, v, O, lse, dO.contiguous(), causal=is_causal, scale=scale
+    )
+
+
+@attention_backward.register_fake
+def _(dO, q, k, v, O, lse, is_causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, is_causal, scale = inputs
+    O, lse = output
+    ctx.save_for_backward(q, k, v, O, lse)  # O (..., Nq, d), lse float32 (..., Nq)
+    ctx.is_causal, ctx.scale = is_causal, scale
+
+
+def _backward(ctx, dO, dlse):
+    q, k, v, O, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(dO, q, k, v, O, lse, ctx.is_causal, ctx.scale)
+    wanted = ctx.needs_input_grad
+    return (dq if wanted[0] else None, dk if wanted[1] else None, dv if wanted[2] else None,
+            None, None)  # fmt: skip
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The same forward and backward as the operators, for eager calls: a custom operator's
+    dispatch costs more host time per call than a ``torch.autograd.Function``
+    (``python -m flashref.bench calls`` measures both), and in eager mode nothing needs the
+    operator. ``torch.compile`` traces the operators instead (``attention``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float | None):
-        with _on_torch_stream(q.device):
-            O, lse = gpu.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
-        ctx.save_for_backward(q, k, v, O, lse)  # O (..., Nq, d), lse float32 (..., Nq)
-        ctx.causal, ctx.scale = causal, scale
+    def forward(ctx, q, k, v, is_causal, scale):
+        O, lse = gpu.flash_attention(q, k, v, causal=is_causal, scale=scale, return_lse=True)
+        ctx.save_for_backward(q, k, v, O, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
         return O
 
     @staticmethod
     def backward(ctx, dO):
         q, k, v, O, lse = ctx.saved_tensors
-        dO = dO.contiguous()  # (..., Nq, d); autograd may hand over an expanded view
-        with _on_torch_stream(q.device):
-            dq, dk, dv = gpu.flash_attention_backward(
-                q, k, v, O, lse, dO, causal=ctx.causal, scale=ctx.scale
-            )
-        wanted = ctx.needs_input_grad
-        return (
-            dq if wanted[0] else None,
-            dk if wanted[1] else None,
-            dv if wanted[2] else None,
-            None,  # causal
-            None,  # scale
+        dq, dk, dv = gpu.flash_attention_backward(
+            q, k, v, O, lse, dO.contiguous(), causal=ctx.is_causal, scale=ctx.scale
         )
+        wanted = ctx.needs_input_grad
+        return (dq if wanted[0] else None, dk if wanted[1] else None, dv if wanted[2] else None,
+                None, None)  # fmt: skip
 
 
-def _check(q, k, v, causal, scale) -> None:
-    """Every check, before any work: the forward's, the backward's limits, tensors, devices."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
+def _check_tensors(q, k, v, is_causal, scale) -> None:
+    """Every check of the tensors, before any work: the forward's, the backward's limits
+    where a gradient will be asked for, devices."""
+    for name, x in (("query", q), ("key", k), ("value", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    dtype, d, _, _ = _runtime._check_inputs(q, k, v, causal, scale, False)  # shapes, dtypes, flags
-    grads = [name for name, x in (("q", q), ("k", k), ("v", v)) if x.requires_grad]
+    dtype, d, _, _ = _runtime._check_inputs(q, k, v, is_causal, scale, False)
+    grads = [name for name, x in (("query", q), ("key", k), ("value", v)) if x.requires_grad]
     if grads and torch.is_grad_enabled():
         if dtype not in BACKWARD_DTYPES:
             raise TypeError(
@@ -92,35 +134,109 @@ def _check(q, k, v, causal, scale) -> None:
             )
         if d not in BACKWARD_HEAD_DIMS:
             raise ValueError(
-                f"{grads[0]} requires grad but q has head dim d={d}; flashref's backward "
+                f"{grads[0]} requires grad but query has head dim d={d}; flashref's backward "
                 f"kernels take d in {BACKWARD_HEAD_DIMS}"
             )
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not x.is_cuda:
+    for name, x in (("query", q), ("key", k), ("value", v)):
+        if x.device.type != "cuda":
             raise TypeError(f"{name} is a torch tensor on {x.device}; move it to the GPU first")
         if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device} but q is on {q.device}; use one device")
+            raise ValueError(f"{name} is on {x.device} but query is on {q.device}; use one device")
 
 
-def attention(q, k, v, *, causal=False, scale=None):
+_CHECKED: dict = {}  # the signatures _check_tensors passed
+_CHECKED_KEPT = 256
+
+
+def _checked(q, k, v, is_causal, scale) -> None:
+    """``_check_tensors``, run once per signature: every property it reads (types, shapes,
+    dtypes, devices, which tensors require grad, whether grad mode is on) and the options
+    with their types. A check that raised is not kept: bad input raises every time."""
+    try:
+        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, q.requires_grad, k.requires_grad, v.requires_grad,
+               torch.is_grad_enabled(), type(is_causal), is_causal, type(scale), scale)  # fmt: skip
+        hash(key)
+    except Exception:
+        return _check_tensors(q, k, v, is_causal, scale)  # says what is wrong
+    if key not in _CHECKED:
+        _check_tensors(q, k, v, is_causal, scale)
+        if len(_CHECKED) >= _CHECKED_KEPT:
+            _CHECKED.pop(next(iter(_CHECKED)))
+        _CHECKED[key] = True
+    return None
+
+
+def attention_op(query, key, value, is_causal=False, scale=None):
+    """``attention`` through the custom operators in eager mode too (what ``torch.compile``
+    traces): the same kernels and results, with the operators' dispatch cost (the benchmark
+    of the calls times both routes)."""
+    _check_tensors(query, key, value, is_causal, scale)
+    q, k, v = (x.contiguous() for x in (query, key, value))
+    return attention_forward(q, k, v, bool(is_causal), scale)[0]
+
+
+def _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
+    """SDPA's arguments that flashref does not implement are errors naming them."""
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "attn_mask is not supported by flashref.torch.attention (its kernels mask only "
+            "causally: use is_causal=True, or F.scaled_dot_product_attention for a mask)"
+        )
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p} is not supported by flashref.torch.attention (no dropout "
+            "in its kernels); use dropout_p=0.0"
+        )
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if hasattr(query, "shape") and hasattr(key, "shape") and query.ndim >= 3 and key.ndim >= 3:
+        if query.shape[-3] != key.shape[-3] and not enable_gqa:
+            raise ValueError(
+                f"query has {query.shape[-3]} heads and key {key.shape[-3]}; grouped heads need "
+                "enable_gqa=True (as in F.scaled_dot_product_attention)"
+            )
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+              enable_gqa=False):  # fmt: skip
     """Attention of torch CUDA tensors by flashref's kernels, differentiable.
 
-    Called as ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``
-    without a mask or dropout: ``q (..., Nq, d)``, ``k (..., Nk, d)``, ``v (..., Nk, d)`` of
-    one dtype (float16 or bfloat16; float32 forward only), ``causal`` aligned top-left (query
-    i sees keys j <= i, as SDPA's ``is_causal``), ``scale`` default ``1/sqrt(d)``. Returns
-    ``(..., Nq, d)`` in q's dtype.
+    Called as ``F.scaled_dot_product_attention``, positional arguments included (``scale``
+    and ``enable_gqa`` keyword-only, as there):
+    ``query (..., Nq, d)``, ``key (..., Nk, d)``, ``value (..., Nk, d)`` of one dtype
+    (float16 or bfloat16; float32 forward only); ``is_causal`` aligned top-left (query ``i``
+    sees keys ``j <= i``, as SDPA); ``scale`` default ``1/sqrt(d)``; grouped heads
+    (``query (..., Hq, Nq, d)``, ``key``, ``value (..., Hkv, Nk, d)``, ``Hq`` a multiple of
+    ``Hkv``) with ``enable_gqa=True``. ``attn_mask`` and a nonzero ``dropout_p`` are not
+    implemented: a ``NotImplementedError`` naming the argument. Returns ``(..., Nq, d)`` in
+    query's dtype.
 
     The kernels read C-contiguous memory. An input that is not (a transposed view, as a
     model's ``(B, N, H, d) -> (B, H, N, d)`` produces) is copied once, here, with
-    ``.contiguous()``; that copy is what the backward reads too, so nothing is copied twice.
-    Contiguous inputs are not copied. Gradients are computed by the backward kernel and
-    returned only for the inputs that require them; with grad enabled for any input, the
-    dtype and head dim must be ones the backward takes (checked here, before any work).
+    ``.contiguous()``; that copy is what the backward reads too. Contiguous inputs are not
+    copied. Gradients are returned only for the inputs that require them; with grad enabled
+    for any input, the dtype and head dim must be ones the backward takes (checked here,
+    before any work).
     """
-    _check(q, k, v, causal, scale)
-    q, k, v = (x.contiguous() for x in (q, k, v))  # a no-op for contiguous tensors
-    return FlashAttention.apply(q, k, v, bool(causal), scale)
+    _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:  # compiled: the fake function checks, at trace time
+        _checked(query, key, value, is_causal, scale)
+    q, k, v = (x.contiguous() for x in (query, key, value))  # a no-op for contiguous tensors
+    causal, scale = bool(is_causal), None if scale is None else float(scale)
+    if compiling:
+        return attention_forward(q, k, v, causal, scale)[0]
+    return _EagerAttention.apply(q, k, v, causal, scale)
 
 
-__all__ = ["BACKWARD_DTYPES", "BACKWARD_HEAD_DIMS", "FlashAttention", "attention"]
+__all__ = [
+    "BACKWARD_DTYPES",
+    "BACKWARD_HEAD_DIMS",
+    "attention",
+    "attention_backward",
+    "attention_forward",
+    "attention_op",
+]

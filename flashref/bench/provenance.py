@@ -24,3 +24,80 @@ def driver_version(runtime) -> str:
 def runtime_version(runtime) -> str:
     """The CUDA runtime's version, ``major.minor``."""
     return _cuda_version(runtime.runtimeGetVersion())
+
+
+def git_commit() -> str:
+    """The commit of the checkout this package runs from (with ``+dirty`` where tracked files
+    differ from it), or ``"unknown"`` outside a git checkout; ``$FLASHREF_COMMIT`` where set
+    (a copy of the tree without its ``.git``, run elsewhere, says its commit so)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get("FLASHREF_COMMIT"):
+        return os.environ["FLASHREF_COMMIT"]
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, check=True,
+                               timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def source_hash(text: str) -> str:
+    """The first 16 hex digits of the SHA-256 of a kernel's source (includes pasted in)."""
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def kernel_hashes(forward=(), backward=(), decode=()) -> dict[str, str]:
+    """``{"forward/29": hash, "backward/8": hash, "decode/7": hash, ...}``: the source hash
+    of each version a run measured, as ``current_hashes`` computes it again for the check
+    that a recorded file still describes the kernels in the tree
+    (``tests/bench/test_provenance.py``)."""
+    return {name: h for name, h in current_hashes().items()
+            if _wanted(name, forward, backward, decode)}  # fmt: skip
+
+
+def _wanted(name: str, forward, backward, decode) -> bool:
+    family, number = name.split("/")
+    return int(number) in {"forward": forward, "backward": backward, "decode": decode}[family]
+
+
+def current_hashes() -> dict[str, str]:
+    """The source hash of every registered version of the three families. A backward
+    version's hash covers its preprocess and dQ conversion kernels too."""
+    from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
+    from ..gpu.decode.versions import VERSIONS as DECODE_VERSIONS
+    from ..gpu.forward_versions import VERSIONS
+
+    out = {f"forward/{n}": source_hash(v.source()) for n, v in VERSIONS.items()}
+    pp = pre_post_source()
+    out |= {f"backward/{n}": source_hash(v.source() + pp) for n, v in BWD_VERSIONS.items()}
+    out |= {f"decode/{n}": source_hash(v.source()) for n, v in DECODE_VERSIONS.items()}
+    return out
+
+
+def provenance(cp, torch, *, forward=(), backward=(), decode=()) -> dict:
+    """What a results file says about where it came from: the GPU, driver, CUDA runtime,
+    CuPy, torch, Python, date, the commit, and the source hash of each version measured."""
+    import datetime
+    import platform
+
+    dev = cp.cuda.Device()
+    return {
+        "gpu": cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(),
+        "driver": driver_version(cp.cuda.runtime),
+        "cuda_runtime": runtime_version(cp.cuda.runtime),
+        "cupy": cp.__version__,
+        "torch": None if torch is None else torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
+        "sources": kernel_hashes(forward, backward, decode),
+    }

@@ -30,7 +30,7 @@ DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 # environment variable; None: the SM count alone).
 MAX_PERSISTENT_BLOCKS = max_persistent_blocks(os.environ.get("FLASHREF_MAX_PERSISTENT_BLOCKS"))
 
-_functions: dict[tuple, cp.RawKernel] = {}  # (version, d, dtype or its name, device)
+_functions: dict[tuple, cp.RawKernel] = {}  # (version, d, dtype name, device)
 _device_facts: dict[int, tuple[tuple[int, int], str, int]] = {}
 
 
@@ -53,7 +53,7 @@ def _sm_count() -> int:
 
 def get_function(ver, d: int, dtype=None):
     """The compiled kernel of version ``ver`` for head dim ``d`` and ``dtype`` on this device."""
-    dtype = dtype or ver.dtype  # a name or a NumPy dtype: the key holds it as given
+    dtype = str(dtype or ver.dtype)  # a name or a NumPy dtype: the key holds its name
     key = (ver.number, d, dtype, cp.cuda.runtime.getDevice())
     fn = _functions.get(key)
     if fn is None:
@@ -86,6 +86,20 @@ def tensor_map_of(x2, box_rows: int):
         if len(_maps) >= _MAPS_KEPT:
             _maps.pop(next(iter(_maps)))  # the oldest
         m = _maps[key] = tensor_map(x2, box_rows)
+    return m
+
+
+def tensor_map_ptr(ptr: int, rows: int, cols: int, dtype: str, box_rows: int, device: int):
+    """``tensor_map_of`` for the C-contiguous (rows, cols) array at ``ptr`` on ``device``
+    (no array object needed: the lean launch of a torch tensor), cached the same way."""
+    from .tma import tensor_map_at
+
+    key = (ptr, rows, cols, dtype, box_rows, device)
+    m = _maps.get(key)
+    if m is None:
+        if len(_maps) >= _MAPS_KEPT:
+            _maps.pop(next(iter(_maps)))
+        m = _maps[key] = tensor_map_at(ptr, rows, cols, dtype, box_rows)
     return m
 
 

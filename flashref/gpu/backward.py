@@ -23,7 +23,7 @@ import numbers
 
 import numpy as np
 
-from ._runtime import _check_inputs, _dtype_name, _is_torch, _require_gpu, _to_cupy
+from ._runtime import _check_inputs, _dtype_name, _is_torch, _require_gpu
 from .backward_versions import (
     BWD_VERSIONS,
     CONVERT_THREADS,
@@ -219,9 +219,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     """Gradients ``(dq, dk, dv)`` of attention on the GPU, FlashAttention-2's backward.
 
     Args:
-        q: (..., Nq, d); k, v: (..., Nk, d); CuPy arrays or torch CUDA tensors (through DLPack,
-            no copy), float16 or bfloat16, d = 64 or 128. Grouped K/V heads (q (..., Hq, Nq, d),
-            k, v (..., Hkv, Nk, d)) as in the forward: dk, dv sum over each group's query heads.
+        q: (..., Nq, d); k, v: (..., Nk, d); CuPy arrays or torch CUDA tensors (read in place;
+            a torch call runs on torch's current stream and allocates from torch's allocator,
+            a CuPy call on CuPy's), float16 or bfloat16, d = 64 or 128. Grouped K/V heads
+            (q (..., Hq, Nq, d), k, v (..., Hkv, Nk, d)) as in the forward: dk, dv sum over
+            each group's query heads.
         o: (..., Nq, d), the forward's output, q's dtype; do: (..., Nq, d), dLoss/dO.
         lse: (..., Nq) float32, the forward's ``lse`` (``flash_attention(..., return_lse=True)``).
         causal, scale: as in the forward call that made ``o`` and ``lse``.
@@ -232,29 +234,158 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     with float32 atomics, so it can differ by the rounding of that sum's order
     (``BwdVersion.deterministic_dq``).
     """
-    dtype, d, scale, ver, G = check_backward_inputs(q, k, v, o, lse, do, causal, scale, version)
-    causal = bool(causal)
-    cp = _require_gpu()
-    torch_in = _is_torch(q)
-    names = ("q", "k", "v", "o", "lse", "do")
-    q, k, v, o, lse, do = (
-        _to_cupy(cp, x, n) for n, x in zip(names, (q, k, v, o, lse, do), strict=True)
-    )
-    from ._runtime import _check_capability, _device_cc
+    arrays = (q, k, v, o, lse, do)
+    key = _signature(arrays, causal, scale, version)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _BwdPlan(arrays, causal, scale, version)
+        if key is not None:
+            if len(_PLANS) >= _PLANS_KEPT:
+                _PLANS.pop(next(iter(_PLANS)))  # the oldest
+            _PLANS[key] = plan
+    return plan.run(arrays)
 
-    if version is None:  # this GPU's default (BWD_HOPPER_PREFERENCE on compute capability 9.0)
-        ver = _check_bwd_version(None, dtype, d, causal, _device_cc(cp))
-    _check_capability(cp, ver)
-    dq = cp.empty(q.shape, dtype=q.dtype)
-    dk = cp.empty(k.shape, dtype=q.dtype)
-    dv = cp.empty(v.shape, dtype=q.dtype)
-    if G == 1:
-        launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, causal=causal, scale=scale)
-    else:
-        grads = (dq, dk, dv)
-        launch_backward_grouped(ver, q, k, v, o, lse, do, *grads, G=G, causal=causal, scale=scale)
-    if torch_in:
-        import torch
 
-        return tuple(torch.from_dlpack(x) for x in (dq, dk, dv))
-    return dq, dk, dv
+_NAMES = ("q", "k", "v", "o", "lse", "do")
+_PLANS: dict = {}  # call signature -> _BwdPlan
+_PLANS_KEPT = 256
+
+
+def _signature(arrays, causal, scale, version):
+    """Everything the checks read (types, shapes, dtypes, devices, the options with their
+    types), or None where it cannot be hashed: the checks then run and say what is wrong."""
+    try:
+        if _is_torch(arrays[0]):
+            where = tuple(x.get_device() for x in arrays)
+        else:
+            import cupy
+
+            where = cupy.cuda.runtime.getDevice()
+        key = (tuple((type(x), x.shape, x.dtype) for x in arrays), where, type(causal), causal,
+               type(scale), scale, type(version), version)  # fmt: skip
+        hash(key)
+    except Exception:
+        return None
+    return key
+
+
+class _BwdPlan:
+    """One checked call signature: the version, the compiled kernels, their grids and scalar
+    arguments, so that a call reads six addresses, allocates and launches."""
+
+    def __init__(self, arrays, causal, scale, version):
+        from . import _host
+        from ._runtime import _check_capability, _device_cc
+
+        q, k = arrays[0], arrays[1]
+        dtype, d, scale, ver, G = check_backward_inputs(*arrays, causal, scale, version)
+        causal = bool(causal)
+        cp = _require_gpu()
+        self.cp = cp
+        self.backend = b = _host.backend_of(cp, tuple(zip(_NAMES, arrays, strict=True)))
+        with b.scope():
+            if version is None:  # this GPU's default (BWD_HOPPER_PREFERENCE on 9.0)
+                ver = _check_bwd_version(None, dtype, d, causal, _device_cc(cp))
+            _check_capability(cp, ver)
+        self.ver, self.dtype, self.d, self.scale, self.causal, self.G = (
+            ver,
+            dtype,
+            d,
+            scale,
+            causal,
+            G,
+        )
+        self.q_shape, self.k_shape = tuple(q.shape), tuple(k.shape)
+        *lead, Nq, _ = q.shape
+        Nk = k.shape[-2]
+        BH = math.prod(lead)
+        from ._launch import MAX_GRID_Y
+
+        self.direct = G == 1 and Nq > 0 and Nk > 0 and 0 < BH <= MAX_GRID_Y
+        if not self.direct:
+            return
+        with _host.device_scope(cp, b.device):
+            self.fns = get_functions(ver, d, dtype)
+            self.device = cp.cuda.runtime.getDevice()
+        rows = PRE_THREADS // (d // 8)
+        Tr, Tc = (Nq + ver.Br - 1) // ver.Br, (Nk + ver.Bc - 1) // ver.Bc
+        self.pre_grid = ((Nq + rows - 1) // rows, BH)
+        self.ints = (np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal))
+        self.Nq_arg = np.int32(Nq)
+        self.main_grid, self.last_grid = (Tc, BH), (Tr, BH)
+        self.BH, self.Nq, self.Nk = BH, Nq, Nk
+        self.d_shape = (BH, Nq)
+        self.dqacc_bytes = 0 if ver.deterministic_dq else BH * Nq * d * 4
+        pairs = BH * Nq * d // 2
+        self.convert = ((min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192),),
+                        (np.int64(pairs), np.float32(scale)))  # fmt: skip
+        if ver.tma:
+            self.map_rows = ((BH * Nq, ver.Br), (BH * Nk, ver.Bc), (BH * Nk, ver.Bc),
+                             (BH * Nq, ver.Br))  # q, k, v, do  # fmt: skip
+
+    def run(self, arrays):
+        b = self.backend
+        if self.direct and all(b.contiguous(x) for x in arrays):
+            ptrs = tuple(b.ptr(x) for x in arrays)
+            if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[5]) & 15 and not ptrs[4] & 3:
+                return self._direct(arrays, ptrs)
+        return self._general(arrays)
+
+    def _direct(self, arrays, ptrs):
+        from . import _host
+
+        b, ver, cp = self.backend, self.ver, self.cp
+        q = arrays[0]
+        dq, dk, dv = (
+            b.empty(self.q_shape, q.dtype),
+            b.empty(self.k_shape, q.dtype),
+            b.empty(self.k_shape, q.dtype),
+        )
+        Dvec = b.empty(self.d_shape, "float32")  # (B*H, Nq)
+        qp, kp, vp, op, lp, dop = ptrs
+        Dp = b.ptr(Dvec)
+        stream = b.stream()
+        pre, main, last = self.fns
+        smem = ver.smem_bytes(self.d)
+        with _host.device_scope(cp, b.device):
+            pre(self.pre_grid, (PRE_THREADS,), (op, dop, Dp, self.Nq_arg), stream=stream)
+            common = (qp, kp, vp, dop, lp, Dp)
+            if ver.deterministic_dq:  # dK, dV; then dQ per query tile, written once
+                main(self.main_grid, (ver.threads,), (*common, b.ptr(dk), b.ptr(dv), *self.ints),
+                     shared_mem=smem, stream=stream)  # fmt: skip
+                last(self.last_grid, (ver.threads,), (*common, b.ptr(dq), *self.ints),
+                     shared_mem=ver.dq_smem_bytes(self.d), stream=stream)  # fmt: skip
+            else:  # dK, dV, and dQ / scale added into dQacc; then dQ = scale * dQacc
+                dQacc = b.empty((self.dqacc_bytes // 4,), "float32")
+                ap = b.ptr(dQacc)
+                _host.memset_zero(cp, ap, self.dqacc_bytes, stream)
+                maps = ()
+                if ver.tma:
+                    from ._launch import tensor_map_ptr
+
+                    pairs = zip((qp, kp, vp, dop), self.map_rows, strict=True)
+                    maps = tuple(tensor_map_ptr(p, rows, self.d, self.dtype, box, self.device)
+                                 for p, (rows, box) in pairs)  # fmt: skip
+                main(self.main_grid, (ver.threads,),
+                     (*common, ap, b.ptr(dk), b.ptr(dv), *self.ints, *maps),
+                     shared_mem=smem, stream=stream)  # fmt: skip
+                blocks, tail = self.convert
+                last(blocks, (CONVERT_THREADS,), (ap, b.ptr(dq), *tail), stream=stream)
+        return dq, dk, dv
+
+    def _general(self, arrays):
+        """Grouped heads, empty shapes, inputs to copy first: CuPy operations inside the
+        backend's scope (torch's stream and allocator for torch tensors)."""
+        b, q = self.backend, arrays[0]
+        with b.scope():
+            q_, k_, v_, o_, lse_, do_ = (b.view(x) for x in arrays)
+            grads = (b.empty(self.q_shape, q.dtype), b.empty(self.k_shape, q.dtype),
+                     b.empty(self.k_shape, q.dtype))  # fmt: skip
+            dq, dk, dv = (b.view(x) for x in grads)
+            kw = {"causal": self.causal, "scale": self.scale}
+            if self.G == 1:
+                launch_backward(self.ver, q_, k_, v_, o_, lse_, do_, dq, dk, dv, **kw)
+            else:
+                launch_backward_grouped(self.ver, q_, k_, v_, o_, lse_, do_, dq, dk, dv,
+                                        G=self.G, **kw)  # fmt: skip
+        return grads

@@ -16,16 +16,19 @@ and ``return_lse=True`` also returns the natural-log log-sum-exp in float32.
 
 from __future__ import annotations
 
+import math
 import numbers
 
+import numpy as np
+
+from . import _host
+from ._host import backend_of, is_torch
 from ._runtime import (
     DTYPES,
     _check_capability,
     _check_inputs,
     _device_cc,
-    _is_torch,
     _require_gpu,
-    _to_cupy,
 )
 from .forward_versions import VERSIONS, Version, default_forward_version
 
@@ -85,9 +88,11 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 
     Args:
         q: (..., Nq, d); k: (..., Nk, d); v: (..., Nk, d); CuPy arrays or torch CUDA tensors
-            (taken through DLPack without a copy), one dtype: float16 or bfloat16 (the
-            tensor-core versions) or float32 (versions 1 and 2). CuPy holds bfloat16 as
-            ``ml_dtypes.bfloat16``.
+            (read in place: no copy, no DLPack; a torch call runs on torch's current stream
+            and allocates from torch's allocator, so it can be captured by
+            ``torch.cuda.graph``; a CuPy call runs on CuPy's current stream), one dtype:
+            float16 or bfloat16 (the tensor-core versions) or float32 (versions 1 and 2).
+            CuPy holds bfloat16 as ``ml_dtypes.bfloat16``.
         Grouped K/V heads: ``q (..., Hq, Nq, d)`` with ``k``, ``v (..., Hkv, Nk, d)`` and
             ``Hq`` a multiple of ``Hkv`` (query head ``h`` uses K/V head ``h // (Hq // Hkv)``),
             without copying K/V. 16-bit 4-D inputs with ``Nq <= 16``, d 64 or 128 and
@@ -104,49 +109,176 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 
     Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse)
-    causal = bool(causal)  # a NumPy bool passed check_flag
-    ver = _check_version(version, dtype, d, causal)
-    cp = _require_gpu()
-    torch_in = _is_torch(q)
-    q, k, v = (_to_cupy(cp, x, name) for name, x in (("q", q), ("k", k), ("v", v)))
-    if version is None:  # the default of this GPU's compute capability (HOPPER_PREFERENCE)
-        ver = _check_version(None, dtype, d, causal, _device_cc(cp))
-    _check_capability(cp, ver)
-    lead, Nq = tuple(q.shape[:-2]), q.shape[-2]
-    if out is not None:
-        usable = _is_torch(out) or isinstance(out, cp.ndarray)
-        out_cp = _to_cupy(cp, out, "out") if usable else None
-        if out_cp is None or out_cp.shape != (*lead, Nq, d) or out_cp.dtype != q.dtype:
-            raise ValueError(
-                f"out must be an array of shape {(*lead, Nq, d)} and dtype {dtype}, got "
-                f"{type(out).__name__} {getattr(out, 'shape', '')} {getattr(out, 'dtype', '')}"
-            )
-        if not out_cp.flags.c_contiguous:
-            raise ValueError("out must be C-contiguous")
-        O = out_cp
-    else:
-        O = cp.empty((*lead, Nq, d), dtype=q.dtype)
-    lse = cp.empty((*lead, Nq), dtype=cp.float32)
-
-    if _decode_route(q, k, G, dtype, causal, version):  # split as choose_num_splits says
-        from .decode import decode_attention
-
-        causal_br = "bottom_right" if causal else False  # the same mask here (Nq == Nk)
-        O[...], lse[...] = decode_attention(q, k, v, causal=causal_br, scale=scale, return_lse=True)
-    elif G != 1:
-        from ._launch import launch_grouped
-
-        launch_grouped(ver, q, k, v, O, lse, G=G, causal=causal, scale=scale)
-    else:
-        from ._launch import launch
-
-        launch(ver, q, k, v, O, lse, causal=causal, scale=scale)
-    if torch_in:
-        import torch
-
-        O_t = out if out is not None else torch.from_dlpack(O)
-        return (O_t, torch.from_dlpack(lse)) if return_lse else O_t
-    if out is not None:
-        O = out
+    plan = _plan(q, k, v, causal, scale, version, return_lse)
+    O, lse = plan.run(q, k, v, out)
     return (O, lse) if return_lse else O
+
+
+_PLANS: dict = {}  # call signature -> _Plan
+_PLANS_KEPT = 256
+
+
+def _signature(q, k, v, causal, scale, version, return_lse):
+    """What every check of a call reads, or None where it cannot be hashed (the checks then
+    run and say what is wrong). Scalars go in with their types: ``True`` and ``1``, ``1`` and
+    ``1.0`` are checked differently."""
+    try:
+        if is_torch(q):
+            where = (q.get_device(), k.get_device(), v.get_device())
+        else:
+            where = _current_device()
+        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+               where, type(causal), causal, type(scale), scale, type(version), version,
+               type(return_lse), return_lse)  # fmt: skip
+        hash(key)
+    except Exception:
+        return None
+    return key
+
+
+def _current_device():
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def _plan(q, k, v, causal, scale, version, return_lse) -> _Plan:
+    """The checked plan of this call signature: made (every check) once, then looked up."""
+    key = _signature(q, k, v, causal, scale, version, return_lse)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _Plan(q, k, v, causal, scale, version, return_lse)
+        if key is not None:
+            if len(_PLANS) >= _PLANS_KEPT:
+                _PLANS.pop(next(iter(_PLANS)))  # the oldest
+            _PLANS[key] = plan
+    return plan
+
+
+class _Plan:
+    """One call signature, checked: the version, the route, and for the direct route the
+    compiled kernel with its grid and scalar arguments, so that a call only reads the
+    arrays' addresses, allocates the outputs and launches."""
+
+    def __init__(self, q, k, v, causal, scale, version, return_lse):
+        dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse)
+        causal = bool(causal)  # a NumPy bool passed check_flag
+        ver = _check_version(version, dtype, d, causal)
+        cp = _require_gpu()
+        self.cp = cp
+        self.backend = backend_of(cp, (("q", q), ("k", k), ("v", v)))
+        with self.backend.scope():
+            if version is None:  # the default of this GPU's compute capability
+                ver = _check_version(None, dtype, d, causal, _device_cc(cp))
+            _check_capability(cp, ver)
+        self.ver, self.dtype, self.d, self.scale, self.causal, self.G = (
+            ver,
+            dtype,
+            d,
+            scale,
+            causal,
+            G,
+        )
+        self.version = version
+        self.lead, self.Nq, self.Nk = tuple(q.shape[:-2]), q.shape[-2], k.shape[-2]
+        self.o_shape, self.lse_shape = (*self.lead, self.Nq, d), (*self.lead, self.Nq)
+        self.decode = _decode_route(q, k, G, dtype, causal, version)
+        BH = math.prod(self.lead)
+        self.direct = (not self.decode and G == 1 and BH > 0 and self.Nq > 0 and self.Nk > 0
+                       and scale > 0)  # fmt: skip
+        if self.direct:
+            self._prepare(BH)
+
+    def _prepare(self, BH: int) -> None:
+        from . import _launch
+
+        if BH > _launch.MAX_GRID_Y:
+            self.direct = False  # chunks along blockIdx.y: the general route
+            return
+        ver, d, b = self.ver, self.d, self.backend
+        with _host.device_scope(self.cp, b.device):
+            self.fn = _launch.get_function(ver, d, self.dtype)
+            sms = _launch._sm_count() if ver.persistent else 1
+        if _launch.MAX_PERSISTENT_BLOCKS is not None:
+            sms = min(sms, _launch.MAX_PERSISTENT_BLOCKS)
+        self.grid, self.block, self.smem = (
+            ver.grid(self.Nq, BH, sms),
+            (ver.threads,),
+            ver.smem_bytes(d),
+        )
+        self.scalars = (np.int32(self.Nq), np.int32(self.Nk), np.float32(self.scale),
+                        np.int32(self.causal))  # fmt: skip
+        self.heads = (np.int32(BH),) if ver.persistent else ()
+        self.tma = bool(ver.tma)
+        if self.tma:
+            self.map_rows = (
+                (BH * self.Nq, 64),
+                (BH * self.Nk, ver.Bc(d)),
+                (BH * self.Nk, ver.Bc(d)),
+            )
+        self.device = b.device if b.device is not None else _current_device()
+
+    def _check_out(self, out, q):
+        b = self.backend
+        ok = _host.is_torch(out) if b.kind == "torch" else isinstance(out, self.cp.ndarray)
+        if not ok or tuple(out.shape) != self.o_shape or out.dtype != q.dtype:
+            raise ValueError(
+                f"out must be an array of shape {self.o_shape} and dtype {self.dtype} (the kind "
+                f"of q), got {type(out).__name__} {tuple(getattr(out, 'shape', ()))} "
+                f"{getattr(out, 'dtype', '')}"
+            )
+        if b.kind == "torch":
+            _host.check_torch_tensors((("q", q), ("out", out)))
+        if not b.contiguous(out):
+            raise ValueError("out must be C-contiguous")
+
+    def run(self, q, k, v, out):
+        """``(O, lse)`` of checked inputs of this signature."""
+        b = self.backend
+        if out is not None:
+            self._check_out(out, q)
+        if self.direct and b.contiguous(q) and b.contiguous(k) and b.contiguous(v):
+            ptrs = (b.ptr(q), b.ptr(k), b.ptr(v))
+            if not (ptrs[0] | ptrs[1] | ptrs[2]) & 15:  # the kernels' 16-byte loads
+                O = out if out is not None else b.empty(self.o_shape, q.dtype)
+                lse = b.empty(self.lse_shape, "float32")
+                maps = ()
+                if self.tma:
+                    from ._launch import tensor_map_ptr
+
+                    pairs = zip(ptrs, self.map_rows, strict=True)
+                    maps = tuple(tensor_map_ptr(p, rows, self.d, self.dtype, box, self.device)
+                                 for p, (rows, box) in pairs)  # fmt: skip
+                args = (*ptrs, b.ptr(O), b.ptr(lse), *self.scalars, *maps, *self.heads)
+                with _host.device_scope(self.cp, b.device):
+                    self.fn(self.grid, self.block, args, shared_mem=self.smem, stream=b.stream())
+                return O, lse
+        return self._general(q, k, v, out)
+
+    def _general(self, q, k, v, out):
+        """Grouped heads, the decode route, a negative scale, empty shapes, inputs to copy
+        first: written with CuPy operations, run inside the backend's scope (torch's stream
+        and allocator for torch tensors)."""
+        b = self.backend
+        with b.scope():
+            qc, kc, vc = b.view(q), b.view(k), b.view(v)
+            O = out if out is not None else b.empty(self.o_shape, q.dtype)
+            lse = b.empty(self.lse_shape, "float32")
+            Oc, lsec = b.view(O), b.view(lse)
+            if self.decode:  # split as choose_num_splits says
+                from .decode import decode_attention
+
+                causal_br = "bottom_right" if self.causal else False  # the same mask: Nq == Nk
+                O_d, lse_d = decode_attention(qc, kc, vc, causal=causal_br, scale=self.scale,
+                                              return_lse=True)  # fmt: skip
+                Oc[...], lsec[...] = O_d, lse_d
+            elif self.G != 1:
+                from ._launch import launch_grouped
+
+                launch_grouped(self.ver, qc, kc, vc, Oc, lsec, G=self.G, causal=self.causal,
+                               scale=self.scale)  # fmt: skip
+            else:
+                from ._launch import launch
+
+                launch(self.ver, qc, kc, vc, Oc, lsec, causal=self.causal, scale=self.scale)
+        return O, lse

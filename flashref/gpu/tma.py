@@ -74,8 +74,21 @@ def tensor_map(x, box_rows, box_cols=64) -> np.void:
     ):
         raise TypeError(f"x must be a CuPy array (GPU memory), got {type(x).__name__}")
     dtype = str(x.dtype)
-    check_tensor_map_args(tuple(x.shape), dtype, tuple(x.strides), x.data.ptr, box_rows, box_cols)
+    rows_cols, strides = tuple(x.shape), tuple(x.strides)
+    check_tensor_map_args(rows_cols, dtype, strides, x.data.ptr, box_rows, box_cols)
+    return _encode(x.data.ptr, *rows_cols, strides[0], dtype, box_rows, box_cols)
 
+
+def tensor_map_at(ptr: int, rows: int, cols: int, dtype: str, box_rows, box_cols=64) -> np.void:
+    """``tensor_map`` of the C-contiguous (rows, cols) ``dtype`` array at address ``ptr`` (a
+    torch tensor's memory, for example), with the same checks."""
+    size = ELEMENT_BYTES.get(dtype, 2)
+    check_tensor_map_args((rows, cols), dtype, (cols * size, size), ptr, box_rows, box_cols)
+    return _encode(ptr, rows, cols, cols * size, dtype, box_rows, box_cols)
+
+
+def _encode(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str, box_rows: int,
+            box_cols: int) -> np.void:  # fmt: skip
     import ctypes
 
     from cuda.bindings import driver
@@ -84,13 +97,12 @@ def tensor_map(x, box_rows, box_cols=64) -> np.void:
         "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
     }
-    rows, cols = x.shape
     err, tmap = driver.cuTensorMapEncodeTiled(
         types[dtype],
         2,
-        x.data.ptr,
+        ptr,
         [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],  # innermost dimension first
-        [driver.cuuint64_t(x.strides[0])],  # bytes from one row to the next
+        [driver.cuuint64_t(row_bytes)],  # bytes from one row to the next
         [driver.cuuint32_t(box_cols), driver.cuuint32_t(box_rows)],
         [driver.cuuint32_t(1), driver.cuuint32_t(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -99,6 +111,6 @@ def tensor_map(x, box_rows, box_cols=64) -> np.void:
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (x shape {x.shape})")
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (x shape {(rows, cols)})")
     raw = ctypes.string_at(tmap.getPtr(), 128)
     return np.frombuffer(raw, dtype=np.dtype((np.void, 128)))[0]

@@ -13,7 +13,7 @@ import pytest
 from flashref.gpu import available
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ("cpu", "gpu", "decode", "profile", "roofs")
+SUBCOMMANDS = ("cpu", "gpu", "decode", "calls", "profile", "roofs")
 MODULES = ("selfcheck", "ring", "decode_split_sweep", "decode_host_time", "ptx_snapshot")
 
 
@@ -43,7 +43,8 @@ def test_every_command_shows_its_defaults(args):
 
 @pytest.mark.skipif(available(), reason="this machine has a GPU: the commands would run")
 @pytest.mark.parametrize("args", [("flashref.bench", "gpu"), ("flashref.bench", "decode"),
-                                  ("flashref.bench", "roofs"), ("flashref.bench.selfcheck",)],
+                                  ("flashref.bench", "calls"), ("flashref.bench", "roofs"),
+                                  ("flashref.bench.selfcheck",)],
                          ids=lambda a: " ".join(a))  # fmt: skip
 def test_without_a_gpu_one_line_says_what_is_missing(args):
     proc = _run(*args)

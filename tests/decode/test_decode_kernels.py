@@ -512,11 +512,16 @@ def test_errors_before_any_work(cp):
 
     q, k, v = (cp.asarray(x) for x in _inputs("float16", 2, 4, 2, 1, 64, 64, "err"))
     with pytest.raises(ValueError, match=r"lengths\[1\] is 65; expected 0 <= length <= 64"):
-        decode_attention(q, k, v, lengths=cp.asarray(np.array([3, 65], dtype=np.int32)))
+        decode_attention(q, k, v, lengths=np.array([3, 65], dtype=np.int32))  # host: checked
     kp = cp.zeros((3, 2, 16, 64), dtype=cp.float16)
-    table = cp.asarray(np.array([[0, 1], [2, 7]], dtype=np.int32))
+    table = np.array([[0, 1], [2, 7]], dtype=np.int32)
     with pytest.raises(ValueError, match=r"block_table\[1, 1\] is 7"):
         paged_decode_attention(q, kp, kp, table, np.array([5, 20]))
+    # device tables are read where they are (their values are not): both or neither
+    with pytest.raises(TypeError, match="lengths is a host array but the other table is on"):
+        paged_decode_attention(q, kp, kp, cp.asarray(table), np.array([5, 20]))
+    with pytest.raises(ValueError, match=r"lengths has shape \(3,\); expected \(2,\)"):
+        decode_attention(q, k, v, lengths=cp.asarray([1, 2, 3]))
 
 
 @pytest.mark.parametrize("Nq,Nk,causal", [(3, 300, False), (16, 16, True), (1, 1, True)])

@@ -86,23 +86,23 @@ def _t(torch, *shape, dtype="float16", grad=False):
 def test_not_a_tensor(torch, fa):
     import numpy as np
 
-    with pytest.raises(TypeError, match="k must be a torch.Tensor, got ndarray"):
+    with pytest.raises(TypeError, match="key must be a torch.Tensor, got ndarray"):
         fa.attention(_t(torch, 4, 64), np.zeros((4, 64)), _t(torch, 4, 64))
 
 
 def test_cpu_tensors_are_refused(torch, fa):
-    with pytest.raises(TypeError, match="q is a torch tensor on cpu; move it to the GPU"):
+    with pytest.raises(TypeError, match="query is a torch tensor on cpu; move it to the GPU"):
         fa.attention(*(_t(torch, 2, 8, 64) for _ in range(3)))
 
 
 def test_backward_limits_are_checked_first(torch, fa):
     q, k, v = (_t(torch, 2, 8, 64, dtype="float32") for _ in range(3))
-    with pytest.raises(TypeError, match="k requires grad but has dtype float32"):
+    with pytest.raises(TypeError, match="key requires grad but has dtype float32"):
         fa.attention(q, k.requires_grad_(), v)
     with torch.no_grad(), pytest.raises(TypeError, match="on cpu"):  # forward only: allowed
         fa.attention(q, k, v)
     q, k, v = (_t(torch, 2, 8, 32, grad=True) for _ in range(3))
-    with pytest.raises(ValueError, match="q requires grad but q has head dim d=32"):
+    with pytest.raises(ValueError, match="query requires grad but query has head dim d=32"):
         fa.attention(q, k, v)
 
 
@@ -111,7 +111,25 @@ def test_grouped_heads_pass_the_checks(torch, fa):
     q = _t(torch, 1, 8, 4, 64, grad=True)
     k, v = _t(torch, 1, 2, 4, 64), _t(torch, 1, 2, 4, 64)
     with pytest.raises(TypeError, match="on cpu"):
+        fa.attention(q, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match="grouped heads need enable_gqa=True"):  # as SDPA
         fa.attention(q, k, v)
+
+
+def test_sdpa_arguments_not_implemented_are_named(torch, fa):
+    q = _t(torch, 2, 8, 64)
+    with pytest.raises(NotImplementedError, match="attn_mask is not supported"):
+        fa.attention(q, q, q, torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="dropout_p=0.1 is not supported"):
+        fa.attention(q, q, q, None, 0.1)
+    with pytest.raises(TypeError, match="dropout_p must be a float"):
+        fa.attention(q, q, q, dropout_p="0")
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        fa.attention(q, q, q, enable_gqa=1)
+    with pytest.raises(TypeError, match="on cpu"):  # SDPA's positional order: is_causal 6th
+        fa.attention(q, q, q, None, 0.0, True, scale=0.5, enable_gqa=False)
+    with pytest.raises(TypeError):  # scale and enable_gqa are keyword-only, as in SDPA
+        fa.attention(q, q, q, None, 0.0, True, 0.5)
 
 
 def test_shapes_and_flags(torch, fa):
@@ -119,7 +137,7 @@ def test_shapes_and_flags(torch, fa):
     with pytest.raises(ValueError, match="k has shape"):
         fa.attention(q, _t(torch, 2, 8, 32), v)
     with pytest.raises(TypeError, match="causal"):
-        fa.attention(q, q, v, causal="yes")
+        fa.attention(q, q, v, is_causal="yes")
     with pytest.raises(TypeError, match="share one dtype"):
         fa.attention(q, _t(torch, 2, 8, 64, dtype="bfloat16"), v)
 
@@ -201,7 +219,7 @@ def _compare(torch, case, got, yard, ref, what):
 def test_forward_and_gradients_against_sdpa_float32(torch, fa, case):
     dtype, d, causal, lead, Nq, Nk = case
     q, k, v, dO = _inputs(torch, dtype, lead, Nq, Nk, d)
-    got = _grads(torch, lambda *x: fa.attention(*x, causal=causal), q, k, v, dO)
+    got = _grads(torch, lambda *x: fa.attention(*x, is_causal=causal), q, k, v, dO)
     if Nq == Nk:
         yard, what = _grads(torch, _sdpa(torch, None, causal), q, k, v, dO), "SDPA's"
     else:
@@ -215,7 +233,7 @@ def test_forward_and_gradients_against_sdpa_float32(torch, fa, case):
 def test_gradients_against_float64_like_gradcheck(torch, fa, case):
     dtype, d, causal, lead, Nq, Nk = case
     q, k, v, dO = _inputs(torch, dtype, lead, Nq, Nk, d)
-    got = _grads(torch, lambda *x: fa.attention(*x, causal=causal), q, k, v, dO)
+    got = _grads(torch, lambda *x: fa.attention(*x, is_causal=causal), q, k, v, dO)
     yard = _grads(torch, _naive(torch, causal), q, k, v, dO)
     ref = _grads(torch, _sdpa(torch, "MATH", causal), q, k, v, dO, dtype=torch.float64)
     _compare(torch, case, got, yard, ref, f"naive {dtype} attention's error")
@@ -232,8 +250,8 @@ def test_transposed_views_are_copied_once_and_contiguous_inputs_not_at_all(torch
     views = [qkv[:, :, i].transpose(1, 2).requires_grad_() for i in range(3)]  # (B, H, N, d)
     assert not any(x.is_contiguous() for x in views)
     dense = [x.detach().contiguous().requires_grad_() for x in views]
-    O_view = fa.attention(*views, causal=True)
-    O_dense = fa.attention(*dense, causal=True)
+    O_view = fa.attention(*views, is_causal=True)
+    O_dense = fa.attention(*dense, is_causal=True)
     saved = O_dense.grad_fn.saved_tensors  # q, k, v, O, lse
     assert [s.data_ptr() for s in saved[:3]] == [x.data_ptr() for x in dense], "inputs copied"
     assert saved[3].data_ptr() == O_dense.data_ptr(), "the output was copied"
@@ -266,11 +284,11 @@ def test_gradients_only_where_required(torch, fa):
 @pytest.mark.gpu
 def test_cuda_tensors_on_another_stream(torch, fa):
     q, k, v, dO = _inputs(torch, "bfloat16", (2, 2), 300, 300, 128)
-    want = _grads(torch, lambda *x: fa.attention(*x, causal=True), q, k, v, dO)
+    want = _grads(torch, lambda *x: fa.attention(*x, is_causal=True), q, k, v, dO)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        got = _grads(torch, lambda *x: fa.attention(*x, causal=True), q, k, v, dO)
+        got = _grads(torch, lambda *x: fa.attention(*x, is_causal=True), q, k, v, dO)
     torch.cuda.current_stream().wait_stream(side)
     for name, a, b in zip(("O", "dq", "dk", "dv"), got, want, strict=True):
         err, where = _error(torch, a, b)

@@ -40,11 +40,12 @@ from .checks import (
     check_block_table,
     check_common,
     check_device,
+    check_device_ints,
     check_kind,
     check_lengths,
     check_page_size,
 )
-from .launch import launch
+from .launch import DirectDecode, launch
 from .versions import (
     BC,
     BLOCKS_PER_SM,
@@ -144,33 +145,100 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     return DecodePlan(num_splits, tiles, blocks, grid, threads(version), smem, version)
 
 
+_DIRECT: dict = {}  # call signature -> DirectDecode (device tables or none)
+_DIRECT_KEPT = 256
+
+
+def _direct_key(arrays, tables, scalars):
+    """The signature of a call whose tables are on the device (or absent): the arrays' types,
+    shapes, dtypes and devices and the options with their types; None where a table is on the
+    host (its values are checked every call) or where the key cannot be hashed."""
+    try:
+        if any(t is not None and not _device(t) for t in tables):
+            return None
+        present = tuple(t for t in tables if t is not None)
+        if type(arrays[0]).__module__.split(".")[0] == "torch":
+            where = tuple(x.get_device() for x in (*arrays, *present))
+        else:
+            import cupy
+
+            where = cupy.cuda.runtime.getDevice()
+        key = (tuple((type(x), x.shape, x.dtype) for x in arrays),
+               tuple(None if t is None else (type(t), t.shape, t.dtype) for t in tables),
+               where, tuple((type(s), s) for s in scalars))  # fmt: skip
+        hash(key)
+    except Exception:
+        return None
+    return key
+
+
 def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
-         **kw):  # fmt: skip
-    from .._runtime import _require_gpu, _to_cupy
+         key=None, **kw):  # fmt: skip
+    from .. import _host
+    from .._runtime import _require_gpu
 
     cp = _require_gpu()
+    b = _host.backend_of(cp, tuple(zip(("q", *names), (q, k, v), strict=True)))
+    for name, x in (("block_table", bt), ("lengths", lengths)):
+        if x is not None and _device(x) and (b.kind == "torch") != _host.is_torch(x):
+            raise TypeError(
+                f"{name} is a {type(x).__module__.split('.')[0]} array but q is a "
+                f"{b.kind} one; pass device tables of q's kind, or host arrays"
+            )
+        if x is not None and b.kind == "torch" and _host.is_torch(x):
+            _host.check_torch_tensors((("q", q), (name, x)))
     from .._launch import device_facts
 
-    cc, name, sms = device_facts()  # asked once per device
-    if version is None:  # this GPU's default (a contiguous cache: bt is None)
-        rows = k.shape[0] * k.shape[1] * k.shape[2]  # (pages or B) x Hkv x slots
-        version = default_decode_version(cc, None if bt is None else page_size, rows)
-    check_device(cc, version, f"this GPU ({name})")
-    torch_in = type(q).__module__.split(".")[0] == "torch"
-    q, k, v = (_to_cupy(cp, x, n) for n, x in zip(("q", *names), (q, k, v), strict=True))
-    B, Hq, Nq, d = q.shape
-    plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits, version)  # B = 0: none
-    if plan.grid[1] > MAX_GRID or B > MAX_GRID:
-        raise ValueError(f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z")
-    bt = None if bt is None else cp.asarray(bt)
-    lengths = None if lengths is None else cp.asarray(lengths)
-    O, L = launch(cp, q, k, v, bt, lengths, Hkv=Hkv, page_size=page_size, max_pages=max_pages,
-                  plan=plan, **kw)  # fmt: skip
-    if torch_in:
-        import torch
-
-        O, L = torch.from_dlpack(O), torch.from_dlpack(L)
+    with _host.device_scope(cp, b.device):
+        cc, name, sms = device_facts()  # asked once per device
+        if version is None:  # this GPU's default (a contiguous cache: bt is None)
+            rows = k.shape[0] * k.shape[1] * k.shape[2]  # (pages or B) x Hkv x slots
+            version = default_decode_version(cc, None if bt is None else page_size, rows)
+        check_device(cc, version, f"this GPU ({name})")
+        B, Hq, Nq, d = q.shape
+        plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits, version)  # B = 0: none
+        if plan.grid[1] > MAX_GRID or B > MAX_GRID:
+            raise ValueError(
+                f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z"
+            )
+        direct = None
+        if all(x is None or _device(x) for x in (bt, lengths)):
+            call = DirectDecode(cp, b, q, k, bt, lengths, Hkv=Hkv, page_size=page_size,
+                                max_pages=max_pages, plan=plan, **kw)  # fmt: skip
+            if call.usable:
+                if key is not None:
+                    if len(_DIRECT) >= _DIRECT_KEPT:
+                        _DIRECT.pop(next(iter(_DIRECT)))  # the oldest
+                    _DIRECT[key] = call
+                direct = call(q, k, v, bt, lengths)
+    if direct is not None:
+        O, L = direct
+        return (O, L) if lse else O
+    with b.scope():  # the general launch, CuPy operations on the backend's stream and memory
+        qc, kc, vc = b.view(q), b.view(k), b.view(v)
+        bt, lengths = (None if x is None else _int32_on_device(cp, b, x) for x in (bt, lengths))
+        O, L = b.empty((B, Hq, Nq, d), q.dtype), b.empty((B, Hq, Nq), "float32")
+        launch(cp, qc, kc, vc, bt, lengths, Hkv=Hkv, page_size=page_size, max_pages=max_pages,
+               plan=plan, O=b.view(O), lse=b.view(L), fresh=b.kind == "torch", **kw)  # fmt: skip
     return (O, L) if lse else O
+
+
+def _device(x) -> bool:
+    from .checks import is_device_array
+
+    return is_device_array(x)
+
+
+def _int32_on_device(cp, b, x):
+    """``x`` (checked: a host int32 array, or a device array of integers of q's kind) as a
+    C-contiguous int32 CuPy array, copied or converted only where it must be (on the call's
+    stream: inside the backend's scope)."""
+    if not _device(x):
+        return cp.asarray(x)  # host values, checked: copied up
+    xc = b.view(x)
+    if xc.dtype != cp.int32:
+        xc = xc.astype(cp.int32)
+    return cp.ascontiguousarray(xc)
 
 
 def _contiguous_checks(q, k, v, version, causal, scale, num_splits, return_lse):
@@ -220,7 +288,9 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
     Args:
         q: ``(B, Hq, Nq, d)``; k, v: ``(B, Hkv, Nk, d)``, ``Hq`` a multiple of ``Hkv``.
         lengths: optional integers ``(B,)``, ``0 <= lengths[b] <= Nk``: sequence ``b`` uses
-            keys ``0 .. lengths[b] - 1`` (default: all ``Nk``).
+            keys ``0 .. lengths[b] - 1`` (default: all ``Nk``). A host array has every value
+            checked; a device array (CuPy, CUDA tensor) is read by the kernel where it is, no
+            copy and no synchronisation, its shape and dtype checked and its values not.
         causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
         scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
         return_lse: also return ``lse (B, Hq, Nq)`` in float32.
@@ -229,13 +299,26 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
+    options = ("contiguous", causal, scale, num_splits, return_lse, version)
+    key = _direct_key((q, k, v), (lengths,), options)
+    call = _DIRECT.get(key) if key is not None else None
+    if call is not None:  # this signature was checked and planned: launch
+        out = call(q, k, v, None, lengths)
+        if out is not None:
+            return out if return_lse else out[0]
     version, causal, scale, num_splits = _CONTIGUOUS_CHECKS(
         (q, k, v), (version, causal, scale, num_splits, return_lse))  # fmt: skip
     B, Nk = q.shape[0], k.shape[2]
-    L = None if lengths is None else check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
+    if lengths is None:
+        L = None
+    elif _device(lengths):  # stays on the device: shape and dtype checked, values not read
+        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
+        L = lengths
+    else:
+        L = check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
     return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
                 causal=causal, scale=scale, num_splits=num_splits, lse=return_lse,
-                version=version)  # fmt: skip
+                version=version, key=key)  # fmt: skip
 
 
 def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
@@ -251,15 +334,42 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
         lengths: integers ``(B,)``, ``0 <= lengths[b] <= max_pages * page_size``.
         causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
         scale, num_splits, return_lse, version: as ``decode_attention``.
+
+    ``block_table`` and ``lengths`` given as device arrays (both) are read by the kernel where
+    they are, with no copy and no synchronisation (so that a CUDA graph replays the call with
+    the tables' new values): their shapes and dtypes are checked, their values are not, and
+    the split count is planned for the table's capacity (``max_pages * page_size`` keys).
+    Given as host arrays, every value is checked and the tables are copied to the device.
     """
+    options = ("paged", causal, scale, num_splits, return_lse, version)
+    key = _direct_key((q, k_pages, v_pages), (block_table, lengths), options)
+    call = _DIRECT.get(key) if key is not None else None
+    if call is not None:  # this signature was checked and planned: launch
+        out = call(q, k_pages, v_pages, block_table, lengths)
+        if out is not None:
+            return out if return_lse else out[0]
     version, causal, scale, num_splits = _PAGED_CHECKS(
         (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse))  # fmt: skip
     (B, *_), (P, Hkv, ps, _) = q.shape, k_pages.shape
-    bt, L = check_block_table(block_table, lengths, B, P, ps)
-    Nk_max = int(L.max()) if B else 0
+    on_device = _device(block_table), _device(lengths)
+    if any(on_device):  # read where they are: shapes and dtypes checked, values not read
+        for ok, name in zip(on_device, ("block_table", "lengths"), strict=True):
+            if not ok:
+                raise TypeError(
+                    f"{name} is a host array but the other table is on the device; give "
+                    "block_table and lengths both on the device (read there) or both on "
+                    "the host (every value checked)"
+                )
+        check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
+        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
+        bt, L = block_table, lengths
+        Nk_max = bt.shape[1] * ps  # the most keys the table can hold: the split count's Nk
+    else:
+        bt, L = check_block_table(block_table, lengths, B, P, ps)
+        Nk_max = int(L.max()) if B else 0
     return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,
                 page_size=ps, max_pages=bt.shape[1], Nk=Nk_max, causal=causal, scale=scale,
-                num_splits=num_splits, lse=return_lse, version=version)  # fmt: skip
+                num_splits=num_splits, lse=return_lse, version=version, key=key)  # fmt: skip
 
 
 def cache_decode_attention(q, cache, seqs, **kwargs):

@@ -1,9 +1,14 @@
 """Argument checks of ``flashref.gpu.decode``, all made on the host before any GPU work.
 
 The tensors' shapes and dtypes are read from their ``shape`` and ``dtype`` (CuPy arrays,
-torch tensors, and NumPy arrays in the tests); ``lengths`` and ``block_table`` are small and
-copied to the host to check their values, so that a length past the cache or a page outside
-the pool is an error naming the entry, not an illegal memory access in the kernel.
+torch tensors, and NumPy arrays in the tests). ``lengths`` and ``block_table`` given as host
+arrays (NumPy, lists, CPU tensors) have every value checked, so that a length past the cache
+or a page outside the pool is an error naming the entry, not an illegal memory access in the
+kernel. Given as device arrays (CuPy, CUDA tensors) they stay on the device: their shapes and
+dtypes are checked, their values are not read (that would be a copy to the host and a
+synchronisation on every call, and a CUDA graph replays them with new values anyway); the
+caller who builds them on the device answers for their values, as with FlashInfer's and
+vLLM's tables (``flashref.gpu.decode`` says so where it takes them).
 """
 
 from __future__ import annotations
@@ -81,6 +86,27 @@ def host_ints(x, name: str, ndim: int) -> np.ndarray:
     if arr.ndim != ndim:
         raise ValueError(f"{name} has shape {arr.shape}; expected {ndim} dimension(s)")
     return arr
+
+
+def is_device_array(x) -> bool:
+    """A CuPy array or a torch CUDA tensor (read by the kernel where it is)."""
+    top = type(x).__module__.split(".")[0]
+    if top == "cupy":
+        return hasattr(x, "data") and hasattr(x.data, "ptr")
+    return top == "torch" and getattr(x, "is_cuda", False)
+
+
+def check_device_ints(x, name: str, shape: tuple, want: str) -> None:
+    """A device array of integers of ``shape`` (None: any length there); its values are
+    not read."""
+    kind = str(x.dtype).removeprefix("torch.")
+    if not (kind.startswith("int") or kind.startswith("uint")):
+        raise TypeError(f"{name} has dtype {kind}; expected integers (int32)")
+    got = tuple(x.shape)
+    if len(got) != len(shape) or any(
+        w is not None and g != w for g, w in zip(got, shape, strict=True)
+    ):
+        raise ValueError(f"{name} has shape {got}; expected {want}")
 
 
 def check_lengths(lengths, B: int, limit: int, what: str) -> np.ndarray:

@@ -19,8 +19,14 @@ from .checks import SM90A_VERSIONS, check_page_size
 from .checks import TILE_KEYS as BC
 
 
-def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan):
-    """Run the kernels on checked CuPy inputs; returns ``O (B, Hq, Nq, d)``, ``lse (B, Hq, Nq)``.
+def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan, O=None,
+           lse=None, fresh=False):  # fmt: skip
+    """Run the kernels on checked CuPy inputs; returns ``O (B, Hq, Nq, d)``, ``lse (B, Hq, Nq)``
+    (written into ``O`` and ``lse`` where given: C-contiguous arrays of those shapes).
+
+    ``fresh``: the partials and counters are new arrays of this call (from the current
+    allocator: torch's, for a torch call, so that a captured graph owns its own) instead of
+    the buffers kept per stream.
 
     ``K``, ``V``: the pool ``(num_pages, Hkv, page_size, d)`` (a contiguous cache is B pages
     of ``Nk`` slots); ``bt`` int32 ``(B, max_pages)`` or None; ``lengths`` int32 ``(B,)`` or
@@ -37,8 +43,8 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     if scale < 0:  # the kernel takes the row max of raw scores: flip q's sign instead
         q = (q.view(cp.uint16) ^ np.uint16(0x8000)).view(q.dtype)
         scale = -scale
-    O = cp.empty((B, Hq, Nq, d), dtype=q.dtype)
-    lse = cp.empty((B, Hq, Nq), dtype=cp.float32)
+    O = cp.empty((B, Hq, Nq, d), dtype=q.dtype) if O is None else O
+    lse = cp.empty((B, Hq, Nq), dtype=cp.float32) if lse is None else lse
     if B == 0:
         return O, lse
     S, rows = plan.num_splits, B * Hq * Nq
@@ -52,12 +58,14 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
         from .._launch import tensor_map_of
 
         maps = (tensor_map_of(K.reshape(-1, d), BC), tensor_map_of(V.reshape(-1, d), BC))
-    with _partials(cp, rows, S, d, O, lse) as (O_part, lse_part):
+    with _partials(cp, rows, S, d, O, lse, fresh) as (O_part, lse_part):
         args = (q, K, V, bt_arg, len_arg, O, lse, O_part, lse_part, *consts)
         if combine_fn is None:  # versions 4, 5: the last split block of each row block merges
             from .counters import counting
 
-            with counting(cp, B * plan.grid[1]) as counters:  # one per (b, blockIdx.y)
+            n = B * plan.grid[1]  # one counter per (b, blockIdx.y)
+            fresh_zeros = contextlib.nullcontext(cp.zeros(n, dtype=cp.uint32)) if fresh else None
+            with fresh_zeros or counting(cp, n) as counters:
                 split_fn(plan.grid, (plan.threads,), (*args, counters, *maps),
                          shared_mem=plan.smem_bytes)  # fmt: skip
             return O, lse
@@ -67,14 +75,102 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     return O, lse
 
 
+class DirectDecode:
+    """A decode call signature ready to launch with the arrays' addresses (``__call__``):
+    the compiled kernels, grid, scalar arguments and shapes made once, so that a call checks
+    that its arrays are contiguous and aligned, allocates ``O``, ``lse`` (and the partials of
+    ``S > 1`` splits) from the backend ``b`` (``flashref.gpu._host``: torch's graph-aware
+    allocator, or CuPy's pool) and launches on the backend's stream.
+
+    ``usable`` is False where the general ``launch`` must run every call: a negative scale
+    (q's sign is flipped first), versions 4 and 5 (their arrival counters), tables not int32.
+    """
+
+    def __init__(self, cp, b, q, K, bt, lengths, *, Hkv, page_size, max_pages, causal, scale,
+                 plan):  # fmt: skip
+        from .versions import VERSIONS
+
+        tables = tuple(x for x in (bt, lengths) if x is not None)
+        self.usable = (
+            scale > 0
+            and VERSIONS[plan.version].combine_kernel is not None
+            and all(str(x.dtype).removeprefix("torch.") == "int32" for x in tables)
+        )
+        if not self.usable:
+            return
+        B, Hq, Nq, d = q.shape
+        if bt is not None:
+            check_page_size(page_size, K.shape[0] * Hkv * page_size, plan.version, "K")
+        self.cp, self.b, self.plan, self.d = cp, b, plan, d
+        self.dtype = str(q.dtype).removeprefix("torch.")
+        self.q_dtype = q.dtype
+        self.o_shape, self.lse_shape = (B, Hq, Nq, d), (B, Hq, Nq)
+        self.S, self.rows = plan.num_splits, B * Hq * Nq
+        self.fns = _functions(cp, d, plan.row_tiles, self.dtype, plan.smem_bytes, plan.version)
+        self.consts = _scalars(Hq, Hkv, Nq, page_size, max_pages, float(scale), bool(causal))
+        self.combine_grid = ((self.rows + 3) // 4,)
+        self.combine_ints = _ints(self.rows, self.S)
+        self.ws_shape = (self.rows * self.S * (d + 1),)
+        self.lse_offset = self.rows * self.S * d * 4  # bytes: workspace.views' layout
+        self.tma = plan.version in SM90A_VERSIONS
+        self.kv_rows = K.shape[0] * K.shape[1] * K.shape[2]
+        self.device = b.device if b.device is not None else cp.cuda.runtime.getDevice()
+        self.empty = B == 0
+
+    def __call__(self, q, K, V, bt, lengths):
+        """``(O, lse)``, or None where an array must be copied first (the general route)."""
+        b = self.b
+        contiguous = b.contiguous
+        if not (contiguous(q) and contiguous(K) and contiguous(V)):
+            return None
+        if (bt is not None and not contiguous(bt)) or (
+            lengths is not None and not contiguous(lengths)
+        ):
+            return None
+        qp, kp, vp = b.ptr(q), b.ptr(K), b.ptr(V)
+        if (qp | kp | vp) & 15:
+            return None
+        O, lse = b.empty(self.o_shape, self.q_dtype), b.empty(self.lse_shape, "float32")
+        if self.empty:
+            return O, lse
+        plan = self.plan
+        split_fn, combine_fn = self.fns
+        maps = ()
+        if self.tma:  # K and V as (rows, d), boxes of BC rows
+            from .._launch import tensor_map_ptr
+
+            n, d, dt, dev = self.kv_rows, self.d, self.dtype, self.device
+            maps = (tensor_map_ptr(kp, n, d, dt, BC, dev), tensor_map_ptr(vp, n, d, dt, BC, dev))
+        Op, Lp = b.ptr(O), b.ptr(lse)
+        if self.S > 1:
+            ws = b.empty(self.ws_shape, "float32")
+            Opart = b.ptr(ws)
+            Lpart = Opart + self.lse_offset
+        else:
+            Opart, Lpart = Op, Lp
+        stream = b.stream()
+        bt_p = 0 if bt is None else b.ptr(bt)  # a null pointer: a contiguous cache
+        len_p = 0 if lengths is None else b.ptr(lengths)  # null: every length is page_size
+        split_fn(plan.grid, (plan.threads,), (qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart,
+                 *self.consts, *maps), shared_mem=plan.smem_bytes, stream=stream)  # fmt: skip
+        if self.S > 1:
+            combine_fn(self.combine_grid, (128,), (Opart, Lpart, Op, Lp, *self.combine_ints),
+                       stream=stream)  # fmt: skip
+        return O, lse
+
+
 @contextlib.contextmanager
-def _partials(cp, rows: int, S: int, d: int, O, lse):
-    """``(O_part, lse_part)``: the workspace's views for ``S > 1``, else ``O`` and ``lse``
-    themselves (one split writes its result directly)."""
+def _partials(cp, rows: int, S: int, d: int, O, lse, fresh: bool = False):
+    """``(O_part, lse_part)``: the workspace's views for ``S > 1`` (new arrays if ``fresh``),
+    else ``O`` and ``lse`` themselves (one split writes its result directly)."""
     if S == 1:
         yield O, lse
         return
-    from .workspace import partials
+    from .workspace import partials, views
+
+    if fresh:
+        yield views(cp.empty(rows * S * (d + 1), dtype=cp.float32), rows, S, d)
+        return
 
     with partials(cp, rows, S, d) as views:
         yield views
@@ -97,6 +193,7 @@ _cache: dict = {}
 
 def _functions(cp, d: int, tiles: int, dtype, smem: int, version: int):
     """The compiled (split, combine) kernels; ``dtype`` a NumPy dtype (or its name)."""
+    dtype = str(dtype)  # a NumPy dtype and its name share one module
     key = (d, tiles, dtype, version, cp.cuda.runtime.getDevice())
     fns = _cache.get(key)
     if fns is None:

@@ -1,0 +1,245 @@
+"""The host side of a call: from the caller's arrays to a launch, with no copy and no sync.
+
+Every GPU entry point takes CuPy arrays or torch CUDA tensors. What it does with them here:
+
+* **Where it runs.** CuPy arrays run on CuPy's current device and stream, torch tensors on
+  the tensor's device and torch's current stream there
+  (``torch.cuda.current_stream``), so a call is ordered with the model's other work and is
+  captured by ``torch.cuda.graph`` like any torch operation.
+* **Memory.** Outputs and temporaries of a torch call come from torch's caching allocator
+  (which knows about graph capture and streams); those of a CuPy call from CuPy's pool.
+  ``Torch.scope`` makes CuPy code inside a torch call use torch's stream and allocator, for
+  the paths that are written with CuPy operations (grouped heads, a negative scale, inputs
+  that must be copied first).
+* **Views, not DLPack.** A torch tensor is seen by CuPy as an array over the same memory
+  (``Torch.view``: address, shape, strides and dtype, a few microseconds), and a kernel takes
+  the address itself as an int. ``torch.from_dlpack`` and ``cupy.from_dlpack`` query devices
+  and streams on every call, which costs tens of microseconds a tensor.
+* **Streams as addresses.** A kernel is launched with ``stream=`` an object whose ``ptr`` is
+  the stream's handle (``Stream``), kept per handle.
+
+Nothing here reads GPU memory on the host: no call synchronises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+
+class Stream:
+    """What ``cupy.cuda.Function.__call__(..., stream=)`` reads: the handle, as ``ptr``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+_streams: dict[int, Stream] = {}
+
+
+def stream_of(ptr: int) -> Stream:
+    s = _streams.get(ptr)
+    if s is None:
+        s = _streams[ptr] = Stream(ptr)
+    return s
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError:  # CuPy without bfloat16 support: the DLPack route is taken instead
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+class CuPy:
+    """CuPy arrays in and out: CuPy's current device, stream and memory pool."""
+
+    kind = "cupy"
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.device = None  # CuPy's current device
+
+    def stream(self):
+        return self.cp.cuda.get_current_stream()
+
+    def empty(self, shape, dtype):
+        return self.cp.empty(shape, dtype=dtype)
+
+    @staticmethod
+    def ptr(x) -> int:
+        return x.data.ptr
+
+    @staticmethod
+    def contiguous(x) -> bool:
+        return x.flags.c_contiguous
+
+    @staticmethod
+    def view(x):
+        return x
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+
+class Torch:
+    """torch CUDA tensors in and out: the tensors' device, torch's current stream there, and
+    torch's caching allocator (one per device, kept by ``torch_backend``)."""
+
+    kind = "torch"
+
+    def __init__(self, cp, torch, device: int):
+        self.cp, self.torch, self.device = cp, torch, device
+        self._raw_stream = torch._C._cuda_getCurrentRawStream
+        self._dev = torch.device("cuda", device)
+        self._cupy_streams: dict = {}
+        bf16 = _bfloat16()
+        self._np = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+                    torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
+                    torch.uint8: np.dtype(np.uint8)}  # fmt: skip
+        if bf16 is not None:
+            self._np[torch.bfloat16] = bf16
+        self._torch_dtype = {v: k for k, v in self._np.items()}
+        self._torch_dtype.update({"float16": torch.float16, "float32": torch.float32,
+                                  "bfloat16": torch.bfloat16, "int32": torch.int32,
+                                  "uint32": torch.int32})  # fmt: skip
+
+    def stream(self) -> Stream:
+        return stream_of(self._raw_stream(self.device))
+
+    def empty(self, shape, dtype):
+        """A new tensor on this device; ``dtype`` a name, a NumPy dtype or a torch dtype."""
+        return self.torch.empty(shape, dtype=self._torch_dtype.get(dtype, dtype), device=self._dev)
+
+    @staticmethod
+    def ptr(x) -> int:
+        return x.data_ptr()
+
+    @staticmethod
+    def contiguous(x) -> bool:
+        return x.is_contiguous()
+
+    def view(self, x):
+        """A CuPy array over ``x``'s memory (no copy; ``x`` is kept alive by the view)."""
+        cp = self.cp
+        dtype = self._np.get(x.dtype)
+        if dtype is None:  # a dtype this table lacks: DLPack knows it
+            return cp.from_dlpack(x.detach())
+        n = x.numel()
+        span = sum((s - 1) * t for s, t in zip(x.shape, x.stride(), strict=True)) + 1
+        nbytes = 0 if n == 0 else span * dtype.itemsize
+        mem = cp.cuda.UnownedMemory(x.data_ptr(), nbytes, x, self.device)
+        strides = tuple(t * dtype.itemsize for t in x.stride())
+        return cp.ndarray(tuple(x.shape), dtype, cp.cuda.MemoryPointer(mem, 0), strides)
+
+    def _allocate(self, nbytes: int):
+        t = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self._dev)
+        cp = self.cp
+        return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t, self.device), 0)
+
+    def _cupy_stream(self, ptr: int):
+        """CuPy's stream object for torch's stream ``ptr``, made once per stream."""
+        s = self._cupy_streams.get(ptr)
+        if s is None:
+            import warnings
+
+            with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external(protocol)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                s = self._cupy_streams[ptr] = self.cp.cuda.ExternalStream(ptr, self.device)
+        return s
+
+    @contextlib.contextmanager
+    def scope(self):
+        """CuPy code inside runs on this device, on torch's current stream, with memory from
+        torch's allocator (so it is ordered with torch's work and can be graph-captured)."""
+        cp = self.cp
+        stream = self._cupy_stream(self._raw_stream(self.device))
+        with cp.cuda.Device(self.device), stream, cp.cuda.using_allocator(self._allocate):
+            yield
+
+
+_torch_backends: dict[int, Torch] = {}
+
+
+def torch_backend(cp, x) -> Torch:
+    """The ``Torch`` of ``x``'s device (``x`` a CUDA tensor)."""
+    dev = x.get_device()
+    b = _torch_backends.get(dev)
+    if b is None:
+        import torch
+
+        b = _torch_backends[dev] = Torch(cp, torch, dev)
+    return b
+
+
+_cupy_backends: dict[int, CuPy] = {}
+
+
+def cupy_backend(cp) -> CuPy:
+    b = _cupy_backends.get(0)
+    if b is None:
+        b = _cupy_backends[0] = CuPy(cp)
+    return b
+
+
+def device_scope(cp, device):
+    """Makes ``device`` (an int) current for a launch, where it is not already."""
+    if device is None or cp.cuda.runtime.getDevice() == device:
+        return contextlib.nullcontext()
+    return cp.cuda.Device(device)
+
+
+def check_torch_tensors(named, device: int | None = None) -> int:
+    """Each ``(name, tensor)`` a CUDA tensor, all on one device (that of the first, or
+    ``device``); returns the device index. The error names the tensor."""
+    first = named[0][1].get_device() if device is None else device
+    for name, x in named:
+        dev = x.get_device()
+        if dev < 0:
+            raise TypeError(f"{name} is a torch tensor on {x.device}; move it to the GPU first")
+        if dev != first:
+            raise ValueError(
+                f"{name} is on cuda:{dev} but {named[0][0]} is on cuda:{first}; use one device"
+            )
+    return first
+
+
+def backend_of(cp, arrays):
+    """The backend of a call's arrays ``((name, x), ...)``: all CuPy, or all torch CUDA
+    tensors on one device (the error names the first that is not)."""
+    first = arrays[0][1]
+    if is_torch(first):
+        for name, x in arrays:
+            if not is_torch(x):
+                raise TypeError(
+                    f"{name} must be a torch CUDA tensor like {arrays[0][0]}, got "
+                    f"{type(x).__name__} (pass all torch tensors or all CuPy arrays)"
+                )
+        check_torch_tensors(arrays)
+        return torch_backend(cp, first)
+    for name, x in arrays:
+        if not isinstance(x, cp.ndarray):
+            if is_torch(x):
+                raise TypeError(
+                    f"{name} is a torch tensor but {arrays[0][0]} is a cupy.ndarray "
+                    "(pass all torch tensors or all CuPy arrays)"
+                )
+            raise TypeError(
+                f"{name} must be a cupy.ndarray or a torch CUDA tensor, got "
+                f"{type(x).__name__} (use cupy.asarray)"
+            )
+    return cupy_backend(cp)
+
+
+def memset_zero(cp, ptr: int, nbytes: int, stream) -> None:
+    """Zero ``nbytes`` at ``ptr`` on ``stream`` (a memset a graph can capture)."""
+    if nbytes:
+        cp.cuda.runtime.memsetAsync(ptr, 0, nbytes, stream.ptr)
