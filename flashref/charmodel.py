@@ -189,7 +189,7 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
     import torch
 
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
-    from .bench.provenance import driver_version
+    from .bench.provenance import driver_version, tree
     from .gpu._runtime import _device_cc
     from .gpu.backward import _check_bwd_version
     from .gpu.forward import _check_version
@@ -212,6 +212,7 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
         "steps": steps,
         "dtype": dtype,
         "flashref_versions": versions,
+        **tree(forward=[versions["forward"]], backward=[versions["backward"]]),
         "text_chars": {"train": len(corpus.train), "val": len(corpus.val)},
     }
 

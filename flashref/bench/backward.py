@@ -40,7 +40,7 @@ import numpy as np
 from . import cli
 from ._common import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
 from .cli import ArgumentParser
-from .provenance import driver_version, runtime_version
+from .provenance import driver_version, runtime_version, tree
 
 DEFAULT_N = (1024, 4096, 16384)
 SDPA = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
@@ -86,6 +86,7 @@ def _meta(cp, torch, args) -> dict:
                    "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)"),
         "tflops_rule": "forward 4 B H N^2 d / time (halved for causal); backward 2.5x that",
         "backward_versions": {n: f"{v.name}: {v.summary}" for n, v in BWD_VERSIONS.items()},
+        **tree(backward="all"),
     }  # fmt: skip
 
 

@@ -59,7 +59,7 @@ from ..gpu.decode import VERSIONS
 from . import cli
 from ._common import ClockSampler, _import_torch, _median_ms
 from .cli import ArgumentParser
-from .provenance import driver_version, runtime_version
+from .provenance import driver_version, runtime_version, tree
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
 from .timing.call_time import host_us, kernel_us
 from .timing.graph_time import L2_MULTIPLE, CapturedCalls, graph_calls, input_sets
@@ -108,6 +108,7 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
         "sm_count": facts["sm_count"],
         "page_size": PAGE_SIZE,
         "decode_versions": list(versions),
+        **tree(decode=versions),
         "gbps_rule": "bytes of K and V (every key valid) / time",
         "host_rule": (
             f"host_us: median over {HOST_CALLS} calls of perf_counter around one call of the "

@@ -54,7 +54,7 @@ from ._common import (
     flops,
 )
 from .cli import ArgumentParser
-from .provenance import driver_version, runtime_version
+from .provenance import driver_version, runtime_version, tree
 from .roofs import measure as measure_roofs
 
 ALL_N = (512, 1024, 2048, 4096, 8192, 16384)
@@ -104,6 +104,7 @@ def _meta(cp, torch, ceilings):
         "sm_count": ceilings["device"]["sm_count"],
         "peak_copy_tbps": ceilings["roofs"]["hbm_copy_tbps"],
         "ceilings": ceilings,
+        **tree(forward="all"),
     }  # fmt: skip
 
 

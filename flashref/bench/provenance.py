@@ -83,6 +83,22 @@ def current_hashes() -> dict[str, str]:
     return out
 
 
+def tree(forward=(), backward=(), decode=()) -> dict:
+    """``{"commit", "sources"}``: the commit and the source hash of each measured version,
+    what every results file records beside its measurements (``"all"`` for a family: every
+    registered version)."""
+    everything = current_hashes()
+
+    def numbers(family, chosen):
+        if chosen == "all":
+            return {int(n.split("/")[1]) for n in everything if n.startswith(family + "/")}
+        return {int(x) for x in chosen}
+
+    picked = numbers("forward", forward), numbers("backward", backward), numbers("decode", decode)
+    sources = {n: h for n, h in everything.items() if _wanted(n, *picked)}
+    return {"commit": git_commit(), "sources": sources}
+
+
 def provenance(cp, torch, *, forward=(), backward=(), decode=()) -> dict:
     """What a results file says about where it came from: the GPU, driver, CUDA runtime,
     CuPy, torch, Python, date, the commit, and the source hash of each version measured."""
@@ -98,6 +114,5 @@ def provenance(cp, torch, *, forward=(), backward=(), decode=()) -> dict:
         "torch": None if torch is None else torch.__version__,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
-        "commit": git_commit(),
-        "sources": kernel_hashes(forward, backward, decode),
+        **tree(forward, backward, decode),
     }

@@ -2,10 +2,10 @@
 
 Whether CuPy and a GPU are there (``gpu_unavailable_reason``, ``available``,
 ``_require_gpu`` raising ``GPUUnavailableError``), the device's compute capability and whether
-a version's instructions exist on it (``_check_capability``), and torch CUDA tensors taken as
-CuPy views (``_to_cupy``). The forward, backward and decode modules import it; it imports
-none of them. CuPy is imported only inside the functions, so ``import flashref.gpu`` works on
-any machine.
+a version's instructions exist on it (``_check_capability``), and the input checks that need
+no GPU (``_check_inputs``); how arrays reach a launch is ``_host``. The forward, backward
+and decode modules import it; it imports none of them. CuPy is imported only inside the
+functions, so ``import flashref.gpu`` works on any machine.
 """
 
 from __future__ import annotations
@@ -89,20 +89,6 @@ def _dtype_name(x) -> str:
 
 def _is_torch(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch"
-
-
-def _to_cupy(cp, x, name: str):
-    """A CuPy view of ``x``: a CuPy array as it is, a torch CUDA tensor through DLPack (no copy)."""
-    if isinstance(x, cp.ndarray):
-        return x
-    if _is_torch(x):
-        if not x.is_cuda:
-            raise TypeError(f"{name} is a torch tensor on {x.device}; move it to the GPU first")
-        return cp.from_dlpack(x.detach())
-    raise TypeError(
-        f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__} "
-        "(use cupy.asarray)"
-    )
 
 
 def _check_inputs(q, k, v, causal, scale, return_lse):

@@ -220,3 +220,19 @@ def test_a_launch_that_raises_drops_its_workspace(no_buffers):
             raise RuntimeError("launch failed")
     with ws.partials(cp, 4, 2, 64) as (O_part, _):
         assert len(made) == 2 and np.shares_memory(O_part, made[1])
+
+
+def test_device_tables_are_checked_by_shape_and_dtype_only():
+    ints = np.zeros((2, 5), np.int64)
+    dchk.check_device_ints(ints, "block_table", (2, None), "(2, max_pages)")  # any width
+    with pytest.raises(ValueError, match=r"block_table has shape \(3, 5\); expected \(2, max"):
+        dchk.check_device_ints(np.zeros((3, 5), np.int32), "block_table", (2, None),
+                               "(2, max_pages)")  # fmt: skip
+    with pytest.raises(TypeError, match="lengths has dtype float32; expected integers"):
+        dchk.check_device_ints(np.zeros(2, np.float32), "lengths", (2,), "(2,)")
+    with pytest.raises(ValueError, match=r"lengths has shape \(2, 1\)"):
+        dchk.check_device_ints(np.zeros((2, 1), np.int32), "lengths", (2,), "(2,)")
+    # host arrays are not device arrays: their values are checked on every call
+    assert not dchk.is_device_array(np.zeros(2, np.int32))
+    assert not dchk.is_device_array([1, 2])
+    assert dec._direct_key(_qkv(), (np.zeros(2, np.int32),), ("contiguous",)) is None

@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..provenance import tree
+
 NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats")
 
 
@@ -142,6 +144,7 @@ def _meta(cp) -> dict:
         "clock_control": "none (clocks as the GPU sets them)",
         "metrics": list(NCU_METRICS),
         "sections": list(NCU_SECTIONS),
+        **tree(forward="all", backward="all", decode="all"),
     }
 
 
