@@ -40,6 +40,14 @@ def gpu_unavailable_reason() -> str | None:
         )
     if count < 1:
         return "CUDA reports no GPU on this machine; flashref.gpu needs an NVIDIA GPU"
+    try:  # the kernels are compiled at run time: without NVRTC the first call would fail
+        cupy.cuda.nvrtc.getVersion()
+    except Exception as exc:  # libnvrtc not found, or too old for this CuPy
+        return (
+            f"CuPy cannot load NVRTC, the CUDA compiler the kernels are built with at run "
+            f"time ({type(exc).__name__}: {exc}); {INSTALL_HINT} (those extras bring CuPy's "
+            "CUDA libraries, NVRTC among them, through cupy's [ctk] extra)"
+        )
     return None
 
 

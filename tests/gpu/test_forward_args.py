@@ -30,6 +30,25 @@ def cupy_without_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake)
 
 
+def test_missing_nvrtc_is_named_before_any_compile(monkeypatch):
+    def no_nvrtc():
+        raise OSError("libnvrtc.so.13: cannot open shared object file")
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+        nvrtc=types.SimpleNamespace(getVersion=no_nvrtc),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    reason = fg.gpu_unavailable_reason()
+    assert "CuPy cannot load NVRTC" in reason and "libnvrtc.so.13" in reason, reason
+    assert "flashref[cuda13]" in reason
+    with pytest.raises(fg.GPUUnavailableError, match="NVRTC"):
+        fg.flash_attention(*_inputs())
+    fake.cuda.nvrtc.getVersion = lambda: (13, 0)  # present: the GPU is usable
+    assert fg.gpu_unavailable_reason() is None
+
+
 def _inputs(dtype="float16", shape=(1, 2, 16, 64)):
     x = np.zeros(shape, dtype=dtype)
     return x, x, x
