@@ -92,13 +92,13 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
             and allocates from torch's allocator, so it can be captured by
             ``torch.cuda.graph``; a CuPy call runs on CuPy's current stream), one dtype:
             float16 or bfloat16 (the tensor-core versions) or float32 (versions 1 and 2).
-            CuPy holds bfloat16 as ``ml_dtypes.bfloat16``.
-        Grouped K/V heads: ``q (..., Hq, Nq, d)`` with ``k``, ``v (..., Hkv, Nk, d)`` and
-            ``Hq`` a multiple of ``Hkv`` (query head ``h`` uses K/V head ``h // (Hq // Hkv)``),
-            without copying K/V. 16-bit 4-D inputs with ``Nq <= 16``, d 64 or 128 and
-            ``version=None`` (causal only with ``Nq == Nk``) run the decode kernel
-            (``flashref.gpu.decode_attention``); other grouped inputs run the version once per
-            member of a group.
+            CuPy holds bfloat16 as ``ml_dtypes.bfloat16``. Grouped K/V heads:
+            ``q (..., Hq, Nq, d)`` with ``k``, ``v (..., Hkv, Nk, d)`` and ``Hq`` a multiple
+            of ``Hkv`` (query head ``h`` uses K/V head ``h // (Hq // Hkv)``), without copying
+            K/V. 16-bit 4-D inputs with ``Nq <= 16``, d 64 or 128 and ``version=None``
+            (causal only with ``Nq == Nk``) run the decode kernel
+            (``flashref.gpu.decode_attention``); other grouped inputs run the version once
+            per member of a group.
         causal: top-left causal mask (query i sees keys j <= i); a bool.
         scale: score scale, default ``1/sqrt(d)``; a real number, finite, nonzero
             and within float32's range (negative allowed), as on the CPU.
