@@ -83,7 +83,9 @@ def _meta(cp, torch, args) -> dict:
         "shapes": {"N": list(args.n), "d": list(args.d), "dtypes": list(args.dtypes)},
         "timing": (f"CUDA events; each round the median of {REPEATS} calls after 2 warm-up "
                    f"calls; {args.rounds} interleaved rounds; SDPA backward timed as "
-                   "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)"),
+                   "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); flashref's "
+                   "versions through their internal launch, a study of the kernels (the "
+                   "public call against SDPA's: python -m flashref.bench calls)"),
         "tflops_rule": "forward 4 B H N^2 d / time (halved for causal); backward 2.5x that",
         "backward_versions": {n: f"{v.name}: {v.summary}" for n, v in BWD_VERSIONS.items()},
         **tree(backward="all"),

@@ -100,7 +100,10 @@ def _meta(cp, torch, ceilings):
         "heads": HEADS,
         "batch_rule": "B = max(1, 2*16384 // N)",
         "timing": (f"CUDA events; each round the median of {REPEATS} calls after warm-up "
-                   f"(version 1: {SLOW_REPEATS}); fast implementations over interleaved rounds"),
+                   f"(version 1: {SLOW_REPEATS}); fast implementations over interleaved rounds; "
+                   "flashref's versions through their internal launch with the outputs made "
+                   "beforehand, a study of the kernels (the public call against SDPA's: "
+                   "python -m flashref.bench calls)"),
         "sm_count": ceilings["device"]["sm_count"],
         "peak_copy_tbps": ceilings["roofs"]["hbm_copy_tbps"],
         "ceilings": ceilings,
