@@ -22,16 +22,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent  # the repository, for an editable install
 
 
+NOT_PROSE = ("api.md",)  # book pages that are not written prose
+
+
 def book_text(root=None) -> str:
     """The prose of the book, read from the repository at ``root`` (default: this one).
 
-    ``book/*.md`` in name order, then the markdown cells of ``notebooks/*.ipynb`` in name
-    order, each piece followed by a blank line. Raises ``FileNotFoundError`` naming the
+    ``book/*.md`` in name order (less ``NOT_PROSE``: the API reference is directives that
+    the build fills with docstrings), then the markdown cells of ``notebooks/*.ipynb`` in
+    name order, each piece followed by a blank line. Raises ``FileNotFoundError`` naming the
     folder when either is missing or holds no such file (an installed copy of
     ``flashref`` without the repository beside it, say).
     """
     root = ROOT if root is None else Path(root)
-    pages = sorted((root / "book").glob("*.md"))
+    pages = sorted(p for p in (root / "book").glob("*.md") if p.name not in NOT_PROSE)
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     for folder, found, pattern in (("book", pages, "*.md"), ("notebooks", notebooks, "*.ipynb")):
         if not found:
