@@ -195,6 +195,28 @@ def host_times(torch, timer) -> list[dict]:
         {"sdpa": sdpa_step},
         "autograd.grad of each output, as a training step asks",
     )
+    # where the adapter's time goes: its forward with grad enabled (the graph built), its
+    # backward through the autograd engine on a retained graph, and the same step through
+    # the custom operators (what torch.compile traces) instead of the autograd.Function
+    row(
+        f"flashref.torch.attention forward, grad enabled {shape}",
+        lambda: ft.attention(qg, kg, vg),
+        {"sdpa": lambda: sdpa(qg, kg, vg)},
+        "the forward alone, building the autograd graph",
+    )
+    O_a = ft.attention(qg, kg, vg)
+    row(
+        f"flashref.torch.attention backward through autograd.grad {shape}",
+        lambda: torch.autograd.grad(O_a, (qg, kg, vg), dO, retain_graph=True),
+        {"sdpa": lambda: torch.autograd.grad(O_s, (qg, kg, vg), dO, retain_graph=True)},
+        "the backward alone, graph retained: the engine around each side's backward",
+    )
+    row(
+        f"the custom operators' forward + backward, eager {shape}",
+        lambda: torch.autograd.grad(ft.attention_op(qg, kg, vg), (qg, kg, vg), dO),
+        {"sdpa": sdpa_step},
+        "flashref.torch.attention_op: the operators torch.compile traces, called eagerly",
+    )
     Bd, Hq, Hkv, Nk, dd = DECODE_HOST
     qd = _randn(torch, (Bd, Hq, 1, dd), torch.float16, gen)
     kd, vd = (_randn(torch, (Bd, Hkv, Nk, dd), torch.float16, gen) for _ in range(2))
