@@ -107,6 +107,11 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
         "hbm_copy_gbps": copy_gbps,
         "sm_count": facts["sm_count"],
         "page_size": PAGE_SIZE,
+        "what_is_timed": (
+            "flashref's versions through their public calls with a version "
+            "asked for; SDPA through its public call; the plain-loop decode "
+            "of the public calls beside SDPA's: python -m flashref.bench calls"
+        ),
         "decode_versions": list(versions),
         **tree(decode=versions),
         "gbps_rule": "bytes of K and V (every key valid) / time",
