@@ -32,7 +32,7 @@ except ImportError as exc:
     ) from exc
 
 from . import gpu
-from .gpu import _runtime
+from .gpu import _host, _runtime
 
 # What flashref.gpu.flash_attention_backward takes (the forward takes more: float32, other d).
 BACKWARD_DTYPES = ("float16", "bfloat16")
@@ -144,8 +144,7 @@ def _check_tensors(q, k, v, is_causal, scale) -> None:
             raise ValueError(f"{name} is on {x.device} but query is on {q.device}; use one device")
 
 
-_CHECKED: dict = {}  # the signatures _check_tensors passed
-_CHECKED_KEPT = 256
+_CHECKED = _host.Kept()  # the signatures _check_tensors passed
 
 
 def _checked(q, k, v, is_causal, scale) -> None:
@@ -159,11 +158,9 @@ def _checked(q, k, v, is_causal, scale) -> None:
         hash(key)
     except Exception:
         return _check_tensors(q, k, v, is_causal, scale)  # says what is wrong
-    if key not in _CHECKED:
+    if not _CHECKED.get(key):
         _check_tensors(q, k, v, is_causal, scale)
-        if len(_CHECKED) >= _CHECKED_KEPT:
-            _CHECKED.pop(next(iter(_CHECKED)))
-        _CHECKED[key] = True
+        _CHECKED.put(key, True)
     return None
 
 

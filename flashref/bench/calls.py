@@ -27,6 +27,7 @@ carries: GPU, driver, versions, SM clocks, date, commit, and each measured kerne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -358,7 +359,7 @@ def decode_times(torch, timer, l2_bytes: int) -> list[dict]:
                         sd = None
                 if sd is None:
                     sd = [lambda s=s: sdpa(*s, enable_gqa=True) for s in sets]
-                    ctx = _nullcontext()
+                    ctx = contextlib.nullcontext()
                 else:
                     ctx = _cudnn(torch)
                 fl[0]()
@@ -382,12 +383,6 @@ def decode_times(torch, timer, l2_bytes: int) -> list[dict]:
                 del sets, fl, sd
                 torch.cuda.empty_cache()
     return rows
-
-
-def _nullcontext():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 # -- graph capture and torch.compile --------------------------------------------------------------

@@ -27,6 +27,8 @@ import contextlib
 
 import numpy as np
 
+from ._runtime import _is_torch as is_torch
+
 
 class Stream:
     """What ``cupy.cuda.Function.__call__(..., stream=)`` reads: the handle, as ``ptr``."""
@@ -47,8 +49,43 @@ def stream_of(ptr: int) -> Stream:
     return s
 
 
-def is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+def signature(arrays, scalars):
+    """The key of a call: each array's type, shape and dtype (None for one not given), the
+    arrays' devices (torch) or CuPy's current device, each scalar with its type (``True`` and
+    ``1``, ``1`` and ``1.0`` are checked differently). None where it cannot be built or
+    hashed: the checks then run and say what is wrong."""
+    try:
+        present = [x for x in arrays if x is not None]
+        if is_torch(present[0]):
+            where = tuple(x.get_device() for x in present)
+        else:
+            import cupy
+
+            where = cupy.cuda.runtime.getDevice()
+        key = (tuple(None if x is None else (type(x), x.shape, x.dtype) for x in arrays),
+               where, tuple((type(s), s) for s in scalars))  # fmt: skip
+        hash(key)
+    except Exception:
+        return None
+    return key
+
+
+class Kept:
+    """What a call signature needs, made once (checked plans), at most ``kept`` of them: the
+    oldest is dropped first. A key of None is never kept."""
+
+    def __init__(self, kept: int = 256):
+        self.kept, self.items = kept, {}
+
+    def get(self, key):
+        return None if key is None else self.items.get(key)
+
+    def put(self, key, value):
+        if key is not None:
+            if len(self.items) >= self.kept:
+                self.items.pop(next(iter(self.items)))
+            self.items[key] = value
+        return value
 
 
 def _bfloat16():
@@ -109,8 +146,7 @@ class Torch:
             self._np[torch.bfloat16] = bf16
         self._torch_dtype = {v: k for k, v in self._np.items()}
         self._torch_dtype.update({"float16": torch.float16, "float32": torch.float32,
-                                  "bfloat16": torch.bfloat16, "int32": torch.int32,
-                                  "uint32": torch.int32})  # fmt: skip
+                                  "bfloat16": torch.bfloat16, "int32": torch.int32})  # fmt: skip
 
     def stream(self) -> Stream:
         return stream_of(self._raw_stream(self.device))
@@ -180,14 +216,13 @@ def torch_backend(cp, x) -> Torch:
     return b
 
 
-_cupy_backends: dict[int, CuPy] = {}
+_cupy_backend: list[CuPy] = []  # made on first use (CuPy imported then)
 
 
 def cupy_backend(cp) -> CuPy:
-    b = _cupy_backends.get(0)
-    if b is None:
-        b = _cupy_backends[0] = CuPy(cp)
-    return b
+    if not _cupy_backend:
+        _cupy_backend.append(CuPy(cp))
+    return _cupy_backend[0]
 
 
 def device_scope(cp, device):

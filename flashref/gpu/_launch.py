@@ -16,6 +16,7 @@ import os
 import cupy as cp
 import numpy as np
 
+from ._host import Kept
 from .forward_versions import max_persistent_blocks
 
 # CuPy adds -arch=sm_XY for the current device. FLASHREF_NVRTC_FLAGS adds more, for example
@@ -67,39 +68,34 @@ def get_function(ver, d: int, dtype=None):
     return fn
 
 
-_MAPS_KEPT = 64  # tensor maps cached (a map holds only an address, a shape and a box)
-_maps: dict[tuple, object] = {}
+_MAPS = Kept(64)  # tensor maps (a map holds only an address, a shape and a box)
 
 
 def tensor_map_of(x2, box_rows: int):
     """The TMA descriptor of the 2-D array ``x2`` with a (box_rows, 64) box, cached.
 
-    The descriptor depends only on the address, shape, strides, dtype and box, so a cached
-    one is exactly what a new call would make for the same key (the dtype object itself is
-    the key: equal NumPy dtypes are the same element type).
+    The descriptor depends only on the address, shape, dtype and box of a C-contiguous
+    array (``tensor_map_ptr``, whose cache this shares); another layout is encoded as it is
+    (``tma.tensor_map`` checks it), uncached.
     """
+    if x2.flags.c_contiguous:
+        return tensor_map_ptr(x2.data.ptr, *x2.shape, str(x2.dtype), box_rows,
+                              cp.cuda.runtime.getDevice())  # fmt: skip
     from .tma import tensor_map
 
-    key = (x2.data.ptr, x2.shape, x2.strides, x2.dtype, box_rows, cp.cuda.runtime.getDevice())
-    m = _maps.get(key)
-    if m is None:
-        if len(_maps) >= _MAPS_KEPT:
-            _maps.pop(next(iter(_maps)))  # the oldest
-        m = _maps[key] = tensor_map(x2, box_rows)
-    return m
+    return tensor_map(x2, box_rows)
 
 
 def tensor_map_ptr(ptr: int, rows: int, cols: int, dtype: str, box_rows: int, device: int):
-    """``tensor_map_of`` for the C-contiguous (rows, cols) array at ``ptr`` on ``device``
-    (no array object needed: the lean launch of a torch tensor), cached the same way."""
+    """The TMA descriptor of the C-contiguous (rows, cols) array at ``ptr`` on ``device``
+    with a (box_rows, 64) box, cached: it depends only on those (a cached one is exactly what
+    a new encoding would make). No array object is needed: a torch tensor's address will do."""
     from .tma import tensor_map_at
 
     key = (ptr, rows, cols, dtype, box_rows, device)
-    m = _maps.get(key)
+    m = _MAPS.get(key)
     if m is None:
-        if len(_maps) >= _MAPS_KEPT:
-            _maps.pop(next(iter(_maps)))
-        m = _maps[key] = tensor_map_at(ptr, rows, cols, dtype, box_rows)
+        m = _MAPS.put(key, tensor_map_at(ptr, rows, cols, dtype, box_rows))
     return m
 
 

@@ -23,7 +23,8 @@ import numbers
 
 import numpy as np
 
-from ._runtime import _check_inputs, _dtype_name, _is_torch, _require_gpu
+from ._host import Kept as _Kept
+from ._runtime import _check_inputs, _dtype_name, _require_gpu
 from .backward_versions import (
     BWD_VERSIONS,
     CONVERT_THREADS,
@@ -234,39 +235,16 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     with float32 atomics, so it can differ by the rounding of that sum's order
     (``BwdVersion.deterministic_dq``).
     """
+    from ._host import signature
+
     arrays = (q, k, v, o, lse, do)
-    key = _signature(arrays, causal, scale, version)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = _BwdPlan(arrays, causal, scale, version)
-        if key is not None:
-            if len(_PLANS) >= _PLANS_KEPT:
-                _PLANS.pop(next(iter(_PLANS)))  # the oldest
-            _PLANS[key] = plan
+    key = signature(arrays, (causal, scale, version))
+    plan = _PLANS.get(key) or _PLANS.put(key, _BwdPlan(arrays, causal, scale, version))
     return plan.run(arrays)
 
 
 _NAMES = ("q", "k", "v", "o", "lse", "do")
-_PLANS: dict = {}  # call signature -> _BwdPlan
-_PLANS_KEPT = 256
-
-
-def _signature(arrays, causal, scale, version):
-    """Everything the checks read (types, shapes, dtypes, devices, the options with their
-    types), or None where it cannot be hashed: the checks then run and say what is wrong."""
-    try:
-        if _is_torch(arrays[0]):
-            where = tuple(x.get_device() for x in arrays)
-        else:
-            import cupy
-
-            where = cupy.cuda.runtime.getDevice()
-        key = (tuple((type(x), x.shape, x.dtype) for x in arrays), where, type(causal), causal,
-               type(scale), scale, type(version), version)  # fmt: skip
-        hash(key)
-    except Exception:
-        return None
-    return key
+_PLANS = _Kept()  # call signature -> _BwdPlan
 
 
 class _BwdPlan:

@@ -22,7 +22,7 @@ import numbers
 import numpy as np
 
 from . import _host
-from ._host import backend_of, is_torch
+from ._host import backend_of
 from ._runtime import (
     DTYPES,
     _check_capability,
@@ -114,45 +114,14 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
     return (O, lse) if return_lse else O
 
 
-_PLANS: dict = {}  # call signature -> _Plan
-_PLANS_KEPT = 256
-
-
-def _signature(q, k, v, causal, scale, version, return_lse):
-    """What every check of a call reads, or None where it cannot be hashed (the checks then
-    run and say what is wrong). Scalars go in with their types: ``True`` and ``1``, ``1`` and
-    ``1.0`` are checked differently."""
-    try:
-        if is_torch(q):
-            where = (q.get_device(), k.get_device(), v.get_device())
-        else:
-            where = _current_device()
-        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-               where, type(causal), causal, type(scale), scale, type(version), version,
-               type(return_lse), return_lse)  # fmt: skip
-        hash(key)
-    except Exception:
-        return None
-    return key
-
-
-def _current_device():
-    import cupy
-
-    return cupy.cuda.runtime.getDevice()
+_PLANS = _host.Kept()  # call signature -> _Plan
 
 
 def _plan(q, k, v, causal, scale, version, return_lse) -> _Plan:
-    """The checked plan of this call signature: made (every check) once, then looked up."""
-    key = _signature(q, k, v, causal, scale, version, return_lse)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = _Plan(q, k, v, causal, scale, version, return_lse)
-        if key is not None:
-            if len(_PLANS) >= _PLANS_KEPT:
-                _PLANS.pop(next(iter(_PLANS)))  # the oldest
-            _PLANS[key] = plan
-    return plan
+    """The checked plan of this call signature (``_host.signature``): made (every check)
+    once, then looked up."""
+    key = _host.signature((q, k, v), (causal, scale, version, return_lse))
+    return _PLANS.get(key) or _PLANS.put(key, _Plan(q, k, v, causal, scale, version, return_lse))
 
 
 class _Plan:
@@ -216,7 +185,7 @@ class _Plan:
                 (BH * self.Nk, ver.Bc(d)),
                 (BH * self.Nk, ver.Bc(d)),
             )
-        self.device = b.device if b.device is not None else _current_device()
+        self.device = b.device if b.device is not None else self.cp.cuda.runtime.getDevice()
 
     def _check_out(self, out, q):
         b = self.backend

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 from ..._checks import check_block, check_shapes, group_size
+from .. import _host
 from .check_memo import CheckMemo
 from .checks import (
     HEAD_DIMS,
@@ -44,6 +45,7 @@ from .checks import (
     check_kind,
     check_lengths,
     check_page_size,
+    is_device_array,
 )
 from .launch import DirectDecode, launch
 from .versions import (
@@ -145,42 +147,25 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     return DecodePlan(num_splits, tiles, blocks, grid, threads(version), smem, version)
 
 
-_DIRECT: dict = {}  # call signature -> DirectDecode (device tables or none)
-_DIRECT_KEPT = 256
+_DIRECT = _host.Kept()  # call signature -> DirectDecode (device tables or none)
 
 
 def _direct_key(arrays, tables, scalars):
-    """The signature of a call whose tables are on the device (or absent): the arrays' types,
-    shapes, dtypes and devices and the options with their types; None where a table is on the
-    host (its values are checked every call) or where the key cannot be hashed."""
-    try:
-        if any(t is not None and not _device(t) for t in tables):
-            return None
-        present = tuple(t for t in tables if t is not None)
-        if type(arrays[0]).__module__.split(".")[0] == "torch":
-            where = tuple(x.get_device() for x in (*arrays, *present))
-        else:
-            import cupy
-
-            where = cupy.cuda.runtime.getDevice()
-        key = (tuple((type(x), x.shape, x.dtype) for x in arrays),
-               tuple(None if t is None else (type(t), t.shape, t.dtype) for t in tables),
-               where, tuple((type(s), s) for s in scalars))  # fmt: skip
-        hash(key)
-    except Exception:
+    """``_host.signature`` of a call whose tables are on the device (or absent); None where a
+    table is on the host (its values are checked on every call)."""
+    if any(t is not None and not is_device_array(t) for t in tables):
         return None
-    return key
+    return _host.signature((*arrays, *tables), scalars)
 
 
 def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
          key=None, **kw):  # fmt: skip
-    from .. import _host
     from .._runtime import _require_gpu
 
     cp = _require_gpu()
     b = _host.backend_of(cp, tuple(zip(("q", *names), (q, k, v), strict=True)))
     for name, x in (("block_table", bt), ("lengths", lengths)):
-        if x is not None and _device(x) and (b.kind == "torch") != _host.is_torch(x):
+        if x is not None and is_device_array(x) and (b.kind == "torch") != _host.is_torch(x):
             raise TypeError(
                 f"{name} is a {type(x).__module__.split('.')[0]} array but q is a "
                 f"{b.kind} one; pass device tables of q's kind, or host arrays"
@@ -202,15 +187,11 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
                 f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z"
             )
         direct = None
-        if all(x is None or _device(x) for x in (bt, lengths)):
+        if all(x is None or is_device_array(x) for x in (bt, lengths)):
             call = DirectDecode(cp, b, q, k, bt, lengths, Hkv=Hkv, page_size=page_size,
                                 max_pages=max_pages, plan=plan, **kw)  # fmt: skip
             if call.usable:
-                if key is not None:
-                    if len(_DIRECT) >= _DIRECT_KEPT:
-                        _DIRECT.pop(next(iter(_DIRECT)))  # the oldest
-                    _DIRECT[key] = call
-                direct = call(q, k, v, bt, lengths)
+                direct = _DIRECT.put(key, call)(q, k, v, bt, lengths)
     if direct is not None:
         O, L = direct
         return (O, L) if lse else O
@@ -223,17 +204,11 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
     return (O, L) if lse else O
 
 
-def _device(x) -> bool:
-    from .checks import is_device_array
-
-    return is_device_array(x)
-
-
 def _int32_on_device(cp, b, x):
     """``x`` (checked: a host int32 array, or a device array of integers of q's kind) as a
     C-contiguous int32 CuPy array, copied or converted only where it must be (on the call's
     stream: inside the backend's scope)."""
-    if not _device(x):
+    if not is_device_array(x):
         return cp.asarray(x)  # host values, checked: copied up
     xc = b.view(x)
     if xc.dtype != cp.int32:
@@ -311,7 +286,7 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
     B, Nk = q.shape[0], k.shape[2]
     if lengths is None:
         L = None
-    elif _device(lengths):  # stays on the device: shape and dtype checked, values not read
+    elif is_device_array(lengths):  # stays on the device: shape and dtype checked, values not read
         check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
         L = lengths
     else:
@@ -351,7 +326,7 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
     version, causal, scale, num_splits = _PAGED_CHECKS(
         (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse))  # fmt: skip
     (B, *_), (P, Hkv, ps, _) = q.shape, k_pages.shape
-    on_device = _device(block_table), _device(lengths)
+    on_device = is_device_array(block_table), is_device_array(lengths)
     if any(on_device):  # read where they are: shapes and dtypes checked, values not read
         for ok, name in zip(on_device, ("block_table", "lengths"), strict=True):
             if not ok:
