@@ -33,6 +33,7 @@ except ImportError as exc:
 
 from . import gpu
 from .gpu import _host, _runtime
+from .gpu.backward import backward_plan
 
 # What flashref.gpu.flash_attention_backward takes (the forward takes more: float32, other d).
 BACKWARD_DTYPES = ("float16", "bfloat16")
@@ -105,14 +106,21 @@ class _EagerAttention(torch.autograd.Function):
         O, lse = gpu.flash_attention(q, k, v, causal=is_causal, scale=scale, return_lse=True)
         ctx.save_for_backward(q, k, v, O, lse)
         ctx.is_causal, ctx.scale = is_causal, scale
+        # The backward's plan, looked up here: the backward runs on the autograd engine's
+        # thread, where every Python step costs more, and dO will have O's shape and dtype.
+        if any(ctx.needs_input_grad[:3]):
+            ctx.plan = backward_plan((q, k, v, O, lse, O), is_causal, scale)
         return O
 
     @staticmethod
     def backward(ctx, dO):
         q, k, v, O, lse = ctx.saved_tensors
-        dq, dk, dv = gpu.flash_attention_backward(
-            q, k, v, O, lse, dO.contiguous(), causal=ctx.is_causal, scale=ctx.scale
-        )
+        if type(dO) is type(O):  # a tensor subclass goes through every check instead
+            dq, dk, dv = ctx.plan.run((q, k, v, O, lse, dO))
+        else:
+            dq, dk, dv = gpu.flash_attention_backward(
+                q, k, v, O, lse, dO.contiguous(), causal=ctx.is_causal, scale=ctx.scale
+            )
         wanted = ctx.needs_input_grad
         return (dq if wanted[0] else None, dk if wanted[1] else None, dv if wanted[2] else None,
                 None, None)  # fmt: skip

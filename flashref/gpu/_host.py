@@ -15,8 +15,11 @@ Every GPU entry point takes CuPy arrays or torch CUDA tensors. What it does with
   (``Torch.view``: address, shape, strides and dtype, a few microseconds), and a kernel takes
   the address itself as an int. ``torch.from_dlpack`` and ``cupy.from_dlpack`` query devices
   and streams on every call, which costs tens of microseconds a tensor.
-* **Streams as addresses.** A kernel is launched with ``stream=`` an object whose ``ptr`` is
-  the stream's handle (``Stream``), kept per handle.
+* **Streams as addresses.** A kernel is launched on the stream's handle (``stream_ptr``); a
+  CuPy launch takes it as an object whose ``ptr`` is the handle (``Stream``), kept per handle.
+* **Launches through the driver.** A planned call launches with ``launcher``: the kernel's
+  ``cuLaunchKernel`` through ``ctypes`` (``flashref.gpu._driver.Launcher``), its argument kinds
+  read from the first call's values, instead of ``RawKernel.__call__``'s conversions.
 
 Nothing here reads GPU memory on the host: no call synchronises.
 """
@@ -53,21 +56,36 @@ def signature(arrays, scalars):
     """The key of a call: each array's type, shape and dtype (None for one not given), the
     arrays' devices (torch) or CuPy's current device, each scalar with its type (``True`` and
     ``1``, ``1`` and ``1.0`` are checked differently). None where it cannot be built or
-    hashed: the checks then run and say what is wrong."""
+    hashed: the checks then run and say what is wrong. Built with as few Python steps as
+    it can: every planned call pays for it."""
     try:
-        present = [x for x in arrays if x is not None]
-        if is_torch(present[0]):
-            where = tuple(x.get_device() for x in present)
+        if is_torch(arrays[0]):
+            parts = [None if x is None else (type(x), x.shape, x.dtype, x.get_device())
+                     for x in arrays]  # fmt: skip
         else:
             import cupy
 
-            where = cupy.cuda.runtime.getDevice()
-        key = (tuple(None if x is None else (type(x), x.shape, x.dtype) for x in arrays),
-               where, tuple((type(s), s) for s in scalars))  # fmt: skip
+            parts = [None if x is None else (type(x), x.shape, x.dtype) for x in arrays]
+            parts.append(cupy.cuda.runtime.getDevice())
+        parts.append(tuple([(type(s), s) for s in scalars]))
+        key = tuple(parts)
         hash(key)
     except Exception:
         return None
     return key
+
+
+def dims3(t) -> tuple[int, int, int]:
+    """A grid or block of 1 to 3 dimensions as the 3 the driver takes."""
+    return (*t, 1, 1)[:3]
+
+
+def launcher(kernel, args):
+    """The ``_driver.Launcher`` of ``kernel`` (a CuPy ``RawKernel`` on the current device) for
+    arguments of the kinds of ``args`` (``_driver.kinds_of``)."""
+    from ._driver import Launcher, kinds_of
+
+    return Launcher(kernel, kinds_of(args))
 
 
 class Kept:
@@ -107,6 +125,9 @@ class CuPy:
 
     def stream(self):
         return self.cp.cuda.get_current_stream()
+
+    def stream_ptr(self) -> int:
+        return self.cp.cuda.get_current_stream().ptr
 
     def empty(self, shape, dtype):
         return self.cp.empty(shape, dtype=dtype)
@@ -150,6 +171,9 @@ class Torch:
 
     def stream(self) -> Stream:
         return stream_of(self._raw_stream(self.device))
+
+    def stream_ptr(self) -> int:
+        return self._raw_stream(self.device)
 
     def empty(self, shape, dtype):
         """A new tensor on this device; ``dtype`` a name, a NumPy dtype or a torch dtype."""
@@ -274,7 +298,8 @@ def backend_of(cp, arrays):
     return cupy_backend(cp)
 
 
-def memset_zero(cp, ptr: int, nbytes: int, stream) -> None:
-    """Zero ``nbytes`` at ``ptr`` on ``stream`` (a memset a graph can capture)."""
+def memset_zero(cp, ptr: int, nbytes: int, stream: int) -> None:
+    """Zero ``nbytes`` at ``ptr`` on the stream of handle ``stream`` (a memset a graph can
+    capture)."""
     if nbytes:
-        cp.cuda.runtime.memsetAsync(ptr, 0, nbytes, stream.ptr)
+        cp.cuda.runtime.memsetAsync(ptr, 0, nbytes, stream)

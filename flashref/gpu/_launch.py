@@ -18,6 +18,7 @@ import numpy as np
 
 from ._host import Kept
 from .forward_versions import max_persistent_blocks
+from .tma import MAP_DTYPE, tensor_map, tensor_map_at
 
 # CuPy adds -arch=sm_XY for the current device. FLASHREF_NVRTC_FLAGS adds more, for example
 # -lineinfo, which lets Nsight Compute's source view map SASS back to .cu lines.
@@ -72,26 +73,25 @@ _MAPS = Kept(64)  # tensor maps (a map holds only an address, a shape and a box)
 
 
 def tensor_map_of(x2, box_rows: int):
-    """The TMA descriptor of the 2-D array ``x2`` with a (box_rows, 64) box, cached.
+    """The TMA descriptor of the 2-D CuPy array ``x2`` with a (box_rows, 64) box, as a CuPy
+    launch takes it (``tma.MAP_DTYPE``).
 
     The descriptor depends only on the address, shape, dtype and box of a C-contiguous
-    array (``tensor_map_ptr``, whose cache this shares); another layout is encoded as it is
+    array (``tensor_map_ptr``, whose cache this reads); another layout is encoded as it is
     (``tma.tensor_map`` checks it), uncached.
     """
     if x2.flags.c_contiguous:
-        return tensor_map_ptr(x2.data.ptr, *x2.shape, str(x2.dtype), box_rows,
-                              cp.cuda.runtime.getDevice())  # fmt: skip
-    from .tma import tensor_map
-
+        m = tensor_map_ptr(x2.data.ptr, *x2.shape, str(x2.dtype), box_rows,
+                           cp.cuda.runtime.getDevice())  # fmt: skip
+        return np.frombuffer(m, dtype=MAP_DTYPE)[0]
     return tensor_map(x2, box_rows)
 
 
 def tensor_map_ptr(ptr: int, rows: int, cols: int, dtype: str, box_rows: int, device: int):
-    """The TMA descriptor of the C-contiguous (rows, cols) array at ``ptr`` on ``device``
-    with a (box_rows, 64) box, cached: it depends only on those (a cached one is exactly what
-    a new encoding would make). No array object is needed: a torch tensor's address will do."""
-    from .tma import tensor_map_at
-
+    """The 128 bytes of the TMA descriptor of the C-contiguous (rows, cols) array at ``ptr``
+    on ``device`` with a (box_rows, 64) box, cached: it depends only on those (a cached one is
+    exactly what a new encoding would make). No array object is needed: a torch tensor's
+    address will do. What a ``_driver.Launcher`` passes for a ``"m"`` argument."""
     key = (ptr, rows, cols, dtype, box_rows, device)
     m = _MAPS.get(key)
     if m is None:

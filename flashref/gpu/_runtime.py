@@ -96,7 +96,9 @@ def _dtype_name(x) -> str:
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+    """Whether ``x``'s type is torch's (torch is never imported here to find out)."""
+    m = type(x).__module__
+    return m == "torch" or m.startswith("torch.")
 
 
 def _check_inputs(q, k, v, causal, scale, return_lse):

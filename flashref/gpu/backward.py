@@ -23,7 +23,7 @@ import numbers
 
 import numpy as np
 
-from ._host import Kept as _Kept
+from . import _host
 from ._runtime import _check_inputs, _dtype_name, _require_gpu
 from .backward_versions import (
     BWD_VERSIONS,
@@ -235,16 +235,21 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     with float32 atomics, so it can differ by the rounding of that sum's order
     (``BwdVersion.deterministic_dq``).
     """
-    from ._host import signature
-
     arrays = (q, k, v, o, lse, do)
-    key = signature(arrays, (causal, scale, version))
-    plan = _PLANS.get(key) or _PLANS.put(key, _BwdPlan(arrays, causal, scale, version))
-    return plan.run(arrays)
+    return backward_plan(arrays, causal, scale, version).run(arrays)
+
+
+def backward_plan(arrays, causal=False, scale=None, version=None) -> _BwdPlan:
+    """The checked plan of the call signature of ``arrays`` ``(q, k, v, o, lse, do)`` and the
+    options (``_host.signature``): made (every check) once, then looked up. The torch
+    adapter asks for it in the forward (``do`` is shaped like ``o``), so that its backward,
+    which runs on the autograd engine's thread, only launches."""
+    key = _host.signature(arrays, (causal, scale, version))
+    return _PLANS.get(key) or _PLANS.put(key, _BwdPlan(arrays, causal, scale, version))
 
 
 _NAMES = ("q", "k", "v", "o", "lse", "do")
-_PLANS = _Kept()  # call signature -> _BwdPlan
+_PLANS = _host.Kept()  # call signature -> _BwdPlan
 
 
 class _BwdPlan:
@@ -252,7 +257,6 @@ class _BwdPlan:
     arguments, so that a call reads six addresses, allocates and launches."""
 
     def __init__(self, arrays, causal, scale, version):
-        from . import _host
         from ._runtime import _check_capability, _device_cc
 
         q, k = arrays[0], arrays[1]
@@ -287,68 +291,76 @@ class _BwdPlan:
             self.device = cp.cuda.runtime.getDevice()
         rows = PRE_THREADS // (d // 8)
         Tr, Tc = (Nq + ver.Br - 1) // ver.Br, (Nk + ver.Bc - 1) // ver.Bc
-        self.pre_grid = ((Nq + rows - 1) // rows, BH)
+        self.pre_grid = ((Nq + rows - 1) // rows, BH, 1)
+        self.block = (ver.threads, 1, 1)
+        self.launchers = None  # (pre, main, last) _driver.Launcher, made at the first call
         self.ints = (np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal))
         self.Nq_arg = np.int32(Nq)
-        self.main_grid, self.last_grid = (Tc, BH), (Tr, BH)
+        self.main_grid, self.last_grid = (Tc, BH, 1), (Tr, BH, 1)
         self.BH, self.Nq, self.Nk = BH, Nq, Nk
-        self.d_shape = (BH, Nq)
+        # one scratch allocation: D (B*H, Nq) float32, then (atomic versions) dQacc
+        # (B*H, Nq, d) float32 at the next 256-byte boundary
+        self.dqacc_offset = -(-BH * Nq * 4 // 256) * 256
         self.dqacc_bytes = 0 if ver.deterministic_dq else BH * Nq * d * 4
-        pairs = BH * Nq * d // 2
-        self.convert = ((min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192),),
-                        (np.int64(pairs), np.float32(scale)))  # fmt: skip
+        self.scratch_floats = (self.dqacc_offset + self.dqacc_bytes) // 4
+        self.smem = ver.smem_bytes(d)
+        if ver.deterministic_dq:
+            self.last_launch = (self.last_grid, self.block, ver.dq_smem_bytes(d))
+        else:
+            pairs = BH * Nq * d // 2
+            blocks = min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192)
+            self.last_launch = ((blocks, 1, 1), (CONVERT_THREADS, 1, 1), 0)
+            self.convert_args = (np.int64(pairs), np.float32(scale))
         if ver.tma:
-            self.map_rows = ((BH * Nq, ver.Br), (BH * Nk, ver.Bc), (BH * Nk, ver.Bc),
-                             (BH * Nq, ver.Br))  # q, k, v, do  # fmt: skip
+            from ._launch import tensor_map_ptr
+
+            self.map_of = tensor_map_ptr  # the cached TMA descriptors (bytes)
+            self.map_rows = ((BH * Nq, ver.Br), (BH * Nk, ver.Bc))  # q and do, k and v
 
     def run(self, arrays):
         b = self.backend
-        if self.direct and all(b.contiguous(x) for x in arrays):
-            ptrs = tuple(b.ptr(x) for x in arrays)
+        if self.direct and all([b.contiguous(x) for x in arrays]):
+            ptrs = [b.ptr(x) for x in arrays]
             if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[5]) & 15 and not ptrs[4] & 3:
                 return self._direct(arrays, ptrs)
         return self._general(arrays)
 
     def _direct(self, arrays, ptrs):
-        from . import _host
-
         b, ver, cp = self.backend, self.ver, self.cp
-        q = arrays[0]
-        dq, dk, dv = (
-            b.empty(self.q_shape, q.dtype),
-            b.empty(self.k_shape, q.dtype),
-            b.empty(self.k_shape, q.dtype),
-        )
-        Dvec = b.empty(self.d_shape, "float32")  # (B*H, Nq)
+        dtype = arrays[0].dtype
+        dq, dk, dv = (b.empty(self.q_shape, dtype), b.empty(self.k_shape, dtype),
+                      b.empty(self.k_shape, dtype))  # fmt: skip
+        scratch = b.empty((self.scratch_floats,), "float32")  # D (B*H, Nq), then dQacc
         qp, kp, vp, op, lp, dop = ptrs
-        Dp = b.ptr(Dvec)
-        stream = b.stream()
-        pre, main, last = self.fns
-        smem = ver.smem_bytes(self.d)
+        Dp = b.ptr(scratch)
+        stream = b.stream_ptr()
+        pre_args = (op, dop, Dp, self.Nq_arg)
+        common = (qp, kp, vp, dop, lp, Dp)
+        if ver.deterministic_dq:  # dK, dV; then dQ per query tile, written once
+            main_args = (*common, b.ptr(dk), b.ptr(dv), *self.ints)
+            last_args = (*common, b.ptr(dq), *self.ints)
+        else:  # dK, dV, and dQ / scale added into dQacc; then dQ = scale * dQacc
+            ap = Dp + self.dqacc_offset
+            maps = ()
+            if ver.tma:
+                map_of, d, dt, dev = self.map_of, self.d, self.dtype, self.device
+                (rq, bq), (rk, bk) = self.map_rows
+                maps = (map_of(qp, rq, d, dt, bq, dev), map_of(kp, rk, d, dt, bk, dev),
+                        map_of(vp, rk, d, dt, bk, dev),
+                        map_of(dop, rq, d, dt, bq, dev))  # fmt: skip
+            main_args = (*common, ap, b.ptr(dk), b.ptr(dv), *self.ints, *maps)
+            last_args = (ap, b.ptr(dq), *self.convert_args)
         with _host.device_scope(cp, b.device):
-            pre(self.pre_grid, (PRE_THREADS,), (op, dop, Dp, self.Nq_arg), stream=stream)
-            common = (qp, kp, vp, dop, lp, Dp)
-            if ver.deterministic_dq:  # dK, dV; then dQ per query tile, written once
-                main(self.main_grid, (ver.threads,), (*common, b.ptr(dk), b.ptr(dv), *self.ints),
-                     shared_mem=smem, stream=stream)  # fmt: skip
-                last(self.last_grid, (ver.threads,), (*common, b.ptr(dq), *self.ints),
-                     shared_mem=ver.dq_smem_bytes(self.d), stream=stream)  # fmt: skip
-            else:  # dK, dV, and dQ / scale added into dQacc; then dQ = scale * dQacc
-                dQacc = b.empty((self.dqacc_bytes // 4,), "float32")
-                ap = b.ptr(dQacc)
+            if self.launchers is None:
+                firsts = (pre_args, main_args, last_args)
+                self.launchers = tuple(_host.launcher(fn, a)
+                                       for fn, a in zip(self.fns, firsts, strict=True))  # fmt: skip
+            pre, main, last = self.launchers
+            pre(self.pre_grid, (PRE_THREADS, 1, 1), 0, stream, pre_args)
+            if not ver.deterministic_dq:
                 _host.memset_zero(cp, ap, self.dqacc_bytes, stream)
-                maps = ()
-                if ver.tma:
-                    from ._launch import tensor_map_ptr
-
-                    pairs = zip((qp, kp, vp, dop), self.map_rows, strict=True)
-                    maps = tuple(tensor_map_ptr(p, rows, self.d, self.dtype, box, self.device)
-                                 for p, (rows, box) in pairs)  # fmt: skip
-                main(self.main_grid, (ver.threads,),
-                     (*common, ap, b.ptr(dk), b.ptr(dv), *self.ints, *maps),
-                     shared_mem=smem, stream=stream)  # fmt: skip
-                blocks, tail = self.convert
-                last(blocks, (CONVERT_THREADS,), (ap, b.ptr(dq), *tail), stream=stream)
+            main(self.main_grid, self.block, self.smem, stream, main_args)
+            last(*self.last_launch, stream, last_args)
         return dq, dk, dv
 
     def _general(self, arrays):

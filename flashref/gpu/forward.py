@@ -171,10 +171,11 @@ class _Plan:
         if _launch.MAX_PERSISTENT_BLOCKS is not None:
             sms = min(sms, _launch.MAX_PERSISTENT_BLOCKS)
         self.grid, self.block, self.smem = (
-            ver.grid(self.Nq, BH, sms),
-            (ver.threads,),
+            _host.dims3(ver.grid(self.Nq, BH, sms)),
+            _host.dims3((ver.threads,)),
             ver.smem_bytes(d),
         )
+        self.launch = None  # a _driver.Launcher, made at the first call
         self.scalars = (np.int32(self.Nq), np.int32(self.Nk), np.float32(self.scale),
                         np.int32(self.causal))  # fmt: skip
         self.heads = (np.int32(BH),) if ver.persistent else ()
@@ -186,6 +187,7 @@ class _Plan:
                 (BH * self.Nk, ver.Bc(d)),
             )
         self.device = b.device if b.device is not None else self.cp.cuda.runtime.getDevice()
+        self.map_of = _launch.tensor_map_ptr  # the cached TMA descriptors (bytes)
 
     def _check_out(self, out, q):
         b = self.backend
@@ -213,14 +215,16 @@ class _Plan:
                 lse = b.empty(self.lse_shape, "float32")
                 maps = ()
                 if self.tma:
-                    from ._launch import tensor_map_ptr
-
-                    pairs = zip(ptrs, self.map_rows, strict=True)
-                    maps = tuple(tensor_map_ptr(p, rows, self.d, self.dtype, box, self.device)
-                                 for p, (rows, box) in pairs)  # fmt: skip
+                    map_of, d, dt, dev = self.map_of, self.d, self.dtype, self.device
+                    (rq, bq), (rk, bk), (rv, bv) = self.map_rows
+                    maps = (map_of(ptrs[0], rq, d, dt, bq, dev),
+                            map_of(ptrs[1], rk, d, dt, bk, dev),
+                            map_of(ptrs[2], rv, d, dt, bv, dev))  # fmt: skip
                 args = (*ptrs, b.ptr(O), b.ptr(lse), *self.scalars, *maps, *self.heads)
                 with _host.device_scope(self.cp, b.device):
-                    self.fn(self.grid, self.block, args, shared_mem=self.smem, stream=b.stream())
+                    if self.launch is None:
+                        self.launch = _host.launcher(self.fn, args)
+                    self.launch(self.grid, self.block, self.smem, b.stream_ptr(), args)
                 return O, lse
         return self._general(q, k, v, out)
 

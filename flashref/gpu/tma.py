@@ -1,12 +1,13 @@
 """The TMA descriptor of a CuPy array: what Hopper's bulk tensor copies read.
 
-``tensor_map(x, box_rows)`` makes the descriptor (``cuTensorMapEncodeTiled`` of
-``cuda.bindings``) of a row-major 2-D fp16 or bf16 CuPy array, with a (box_rows, 64) box and
-the 128-byte swizzle, as the 128-byte value a kernel takes as ``const __grid_constant__``.
+``tensor_map(x, box_rows)`` makes the descriptor (the driver's ``cuTensorMapEncodeTiled``,
+called by ``flashref.gpu._driver``) of a row-major 2-D fp16 or bf16 CuPy array, with a
+(box_rows, 64) box and the 128-byte swizzle, as the 128-byte value a kernel takes as
+``const __grid_constant__``.
 Its arguments are checked here, naming the one that is wrong, before the driver is asked.
 Where the swizzle puts each element is modelled in ``flashref.gpu.models.hopper``.
 
-NumPy only at import: CuPy and ``cuda.bindings`` are imported inside ``tensor_map``.
+NumPy only at import: the driver is reached inside ``tensor_map``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def check_tensor_map_args(shape, dtype: str, strides, ptr: int, box_rows, box_co
     return size
 
 
+MAP_DTYPE = np.dtype((np.void, 128))  # how a descriptor is passed to a CuPy launch
+
+
 def tensor_map(x, box_rows, box_cols=64) -> np.void:
     """The 128-byte TMA descriptor of ``x`` (a 2-D float16/bfloat16 CuPy array, row-major).
 
@@ -76,41 +80,23 @@ def tensor_map(x, box_rows, box_cols=64) -> np.void:
     dtype = str(x.dtype)
     rows_cols, strides = tuple(x.shape), tuple(x.strides)
     check_tensor_map_args(rows_cols, dtype, strides, x.data.ptr, box_rows, box_cols)
-    return _encode(x.data.ptr, *rows_cols, strides[0], dtype, box_rows, box_cols)
+    raw = _encode(x.data.ptr, *rows_cols, strides[0], dtype, box_rows, box_cols)
+    return np.frombuffer(raw, dtype=MAP_DTYPE)[0]
 
 
-def tensor_map_at(ptr: int, rows: int, cols: int, dtype: str, box_rows, box_cols=64) -> np.void:
-    """``tensor_map`` of the C-contiguous (rows, cols) ``dtype`` array at address ``ptr`` (a
-    torch tensor's memory, for example), with the same checks."""
+def tensor_map_at(ptr: int, rows: int, cols: int, dtype: str, box_rows, box_cols=64) -> bytes:
+    """The 128 bytes of ``tensor_map`` of the C-contiguous (rows, cols) ``dtype`` array at
+    address ``ptr`` (a torch tensor's memory, for example), with the same checks: what
+    ``flashref.gpu._driver.Launcher`` passes (``np.frombuffer(m, MAP_DTYPE)[0]`` for CuPy)."""
     size = ELEMENT_BYTES.get(dtype, 2)
     check_tensor_map_args((rows, cols), dtype, (cols * size, size), ptr, box_rows, box_cols)
     return _encode(ptr, rows, cols, cols * size, dtype, box_rows, box_cols)
 
 
 def _encode(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str, box_rows: int,
-            box_cols: int) -> np.void:  # fmt: skip
-    import ctypes
+            box_cols: int) -> bytes:  # fmt: skip
+    """The driver's ``cuTensorMapEncodeTiled`` (``flashref.gpu._driver``: through ctypes, a
+    microsecond or two a descriptor, where ``cuda.bindings``' wrapper objects cost tens)."""
+    from ._driver import encode_tensor_map
 
-    from cuda.bindings import driver
-
-    types = {
-        "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-    }
-    err, tmap = driver.cuTensorMapEncodeTiled(
-        types[dtype],
-        2,
-        ptr,
-        [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],  # innermost dimension first
-        [driver.cuuint64_t(row_bytes)],  # bytes from one row to the next
-        [driver.cuuint32_t(box_cols), driver.cuuint32_t(box_rows)],
-        [driver.cuuint32_t(1), driver.cuuint32_t(1)],
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r} (x shape {(rows, cols)})")
-    raw = ctypes.string_at(tmap.getPtr(), 128)
-    return np.frombuffer(raw, dtype=np.dtype((np.void, 128)))[0]
+    return encode_tensor_map(ptr, rows, cols, row_bytes, dtype, box_rows, box_cols)

@@ -89,11 +89,50 @@ def test_tensor_maps_are_kept_per_exact_array(cp):
     cc = divmod(int(cp.cuda.Device().compute_capability), 10)
     if tuple(cc) != (9, 0):
         pytest.skip(f"tensor maps are made for sm_90a (compute capability 9.0), this GPU has {cc}")
-    from flashref.gpu._launch import tensor_map_of
+    from flashref.gpu._launch import tensor_map_of, tensor_map_ptr
 
     a = cp.zeros((256, 64), dtype=cp.float16)
     b = cp.zeros((256, 64), dtype=cp.float16)
-    assert tensor_map_of(a, 64) is tensor_map_of(a, 64)
-    assert tensor_map_of(a, 64) is not tensor_map_of(b, 64)  # another address
-    assert tensor_map_of(a, 64) is not tensor_map_of(a, 128)  # another box
-    assert tensor_map_of(a[:128], 64) is not tensor_map_of(a, 64)  # another shape
+    dev = cp.cuda.runtime.getDevice()
+
+    def m(x, box):
+        return tensor_map_ptr(x.data.ptr, *x.shape, "float16", box, dev)
+
+    assert m(a, 64) is m(a, 64)  # kept
+    assert m(a, 64) != m(b, 64)  # another address
+    assert m(a, 64) != m(a, 128)  # another box
+    assert m(a[:128], 64) != m(a, 64)  # another shape
+    assert tensor_map_of(a, 64).tobytes() == m(a, 64)  # what a CuPy launch is given
+
+
+def test_tensor_maps_encoded_through_ctypes_equal_cuda_bindings(cp):
+    """``_driver.encode_tensor_map`` gives the bytes ``cuda.bindings``' own
+    ``cuTensorMapEncodeTiled`` gives for the same array, box, swizzle and fill."""
+    cc = divmod(int(cp.cuda.Device().compute_capability), 10)
+    if tuple(cc) != (9, 0):
+        pytest.skip(f"tensor maps are made for sm_90a (compute capability 9.0), this GPU has {cc}")
+    import ctypes
+
+    from cuda.bindings import driver
+
+    from flashref.gpu._driver import encode_tensor_map
+
+    types = {"float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}  # fmt: skip
+    x = cp.empty((3000, 128), dtype=cp.float16)
+    for dtype, rows, cols, box in (("float16", 3000, 128, 64), ("bfloat16", 1000, 64, 128),
+                                   ("float16", 17, 64, 32)):  # fmt: skip
+        err, tmap = driver.cuTensorMapEncodeTiled(
+            types[dtype], 2, x.data.ptr,
+            [driver.cuuint64_t(cols), driver.cuuint64_t(rows)], [driver.cuuint64_t(cols * 2)],
+            [driver.cuuint32_t(64), driver.cuuint32_t(box)],
+            [driver.cuuint32_t(1), driver.cuuint32_t(1)],
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )  # fmt: skip
+        assert err == driver.CUresult.CUDA_SUCCESS
+        want = ctypes.string_at(tmap.getPtr(), 128)
+        got = encode_tensor_map(x.data.ptr, rows, cols, cols * 2, dtype, box)
+        assert got == want, (dtype, rows, cols, box)

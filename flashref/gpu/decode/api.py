@@ -189,7 +189,7 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
         direct = None
         if all(x is None or is_device_array(x) for x in (bt, lengths)):
             call = DirectDecode(cp, b, q, k, bt, lengths, Hkv=Hkv, page_size=page_size,
-                                max_pages=max_pages, plan=plan, **kw)  # fmt: skip
+                                max_pages=max_pages, plan=plan, keep_lse=lse, **kw)  # fmt: skip
             if call.usable:
                 direct = _DIRECT.put(key, call)(q, k, v, bt, lengths)
     if direct is not None:

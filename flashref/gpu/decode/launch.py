@@ -15,6 +15,7 @@ import functools
 
 import numpy as np
 
+from .. import _host
 from .checks import SM90A_VERSIONS, check_page_size
 from .checks import TILE_KEYS as BC
 
@@ -82,12 +83,15 @@ class DirectDecode:
     ``S > 1`` splits) from the backend ``b`` (``flashref.gpu._host``: torch's graph-aware
     allocator, or CuPy's pool) and launches on the backend's stream.
 
+    ``keep_lse=False`` (the caller returns only ``O``): a call returns ``(O, None)``, its lse
+    written after the partials in their one allocation (with ``S > 1``), one allocation less.
+
     ``usable`` is False where the general ``launch`` must run every call: a negative scale
     (q's sign is flipped first), versions 4 and 5 (their arrival counters), tables not int32.
     """
 
     def __init__(self, cp, b, q, K, bt, lengths, *, Hkv, page_size, max_pages, causal, scale,
-                 plan):  # fmt: skip
+                 plan, keep_lse=True):  # fmt: skip
         from .versions import VERSIONS
 
         tables = tuple(x for x in (bt, lengths) if x is not None)
@@ -108,17 +112,27 @@ class DirectDecode:
         self.S, self.rows = plan.num_splits, B * Hq * Nq
         self.fns = _functions(cp, d, plan.row_tiles, self.dtype, plan.smem_bytes, plan.version)
         self.consts = _scalars(Hq, Hkv, Nq, page_size, max_pages, float(scale), bool(causal))
-        self.combine_grid = ((self.rows + 3) // 4,)
+        self.combine_grid = ((self.rows + 3) // 4, 1, 1)
+        self.grid, self.block = plan.grid, (plan.threads, 1, 1)
+        self.launchers = None  # (split, combine) _driver.Launcher, made at the first call
         self.combine_ints = _ints(self.rows, self.S)
         self.ws_shape = (self.rows * self.S * (d + 1),)
+        self.keep_lse = keep_lse  # False: lse goes in the partials' allocation (S > 1)
+        self.ws_bytes = self.ws_shape[0] * 4
+        self.ws_lse_shape = (self.ws_shape[0] + self.rows,)
         self.lse_offset = self.rows * self.S * d * 4  # bytes: workspace.views' layout
         self.tma = plan.version in SM90A_VERSIONS
+        if self.tma:
+            from .._launch import tensor_map_ptr
+
+            self.map_of = tensor_map_ptr  # the cached TMA descriptors (bytes)
         self.kv_rows = K.shape[0] * K.shape[1] * K.shape[2]
         self.device = b.device if b.device is not None else cp.cuda.runtime.getDevice()
         self.empty = B == 0
 
     def __call__(self, q, K, V, bt, lengths):
-        """``(O, lse)``, or None where an array must be copied first (the general route)."""
+        """``(O, lse)`` (``lse`` None unless kept), or None where an array must be copied first
+        (the general route)."""
         b = self.b
         contiguous = b.contiguous
         if not (contiguous(q) and contiguous(K) and contiguous(V)):
@@ -130,32 +144,42 @@ class DirectDecode:
         qp, kp, vp = b.ptr(q), b.ptr(K), b.ptr(V)
         if (qp | kp | vp) & 15:
             return None
-        O, lse = b.empty(self.o_shape, self.q_dtype), b.empty(self.lse_shape, "float32")
+        O = b.empty(self.o_shape, self.q_dtype)
+        if self.keep_lse or self.S == 1 or self.empty:
+            lse = b.empty(self.lse_shape, "float32")
+            ws = b.empty(self.ws_shape, "float32") if self.S > 1 and not self.empty else None
+            Lp = b.ptr(lse)
+        else:  # lse is not returned: it lives after the partials, in their allocation
+            lse = None
+            ws = b.empty(self.ws_lse_shape, "float32")
+            Lp = b.ptr(ws) + self.ws_bytes
         if self.empty:
             return O, lse
         plan = self.plan
         split_fn, combine_fn = self.fns
         maps = ()
         if self.tma:  # K and V as (rows, d), boxes of BC rows
-            from .._launch import tensor_map_ptr
-
-            n, d, dt, dev = self.kv_rows, self.d, self.dtype, self.device
-            maps = (tensor_map_ptr(kp, n, d, dt, BC, dev), tensor_map_ptr(vp, n, d, dt, BC, dev))
-        Op, Lp = b.ptr(O), b.ptr(lse)
+            map_of, n, d, dt, dev = self.map_of, self.kv_rows, self.d, self.dtype, self.device
+            maps = (map_of(kp, n, d, dt, BC, dev), map_of(vp, n, d, dt, BC, dev))
+        Op = b.ptr(O)
         if self.S > 1:
-            ws = b.empty(self.ws_shape, "float32")
             Opart = b.ptr(ws)
             Lpart = Opart + self.lse_offset
         else:
             Opart, Lpart = Op, Lp
-        stream = b.stream()
+        stream = b.stream_ptr()
         bt_p = 0 if bt is None else b.ptr(bt)  # a null pointer: a contiguous cache
         len_p = 0 if lengths is None else b.ptr(lengths)  # null: every length is page_size
-        split_fn(plan.grid, (plan.threads,), (qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart,
-                 *self.consts, *maps), shared_mem=plan.smem_bytes, stream=stream)  # fmt: skip
-        if self.S > 1:
-            combine_fn(self.combine_grid, (128,), (Opart, Lpart, Op, Lp, *self.combine_ints),
-                       stream=stream)  # fmt: skip
+        split_args = (qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, *self.consts, *maps)
+        combine_args = (Opart, Lpart, Op, Lp, *self.combine_ints)
+        if self.launchers is None:
+            self.launchers = (_host.launcher(split_fn, split_args),
+                              _host.launcher(combine_fn, combine_args))  # fmt: skip
+        split, combine = self.launchers
+        with _host.device_scope(self.cp, self.device):
+            split(self.grid, self.block, plan.smem_bytes, stream, split_args)
+            if self.S > 1:
+                combine(self.combine_grid, (128, 1, 1), 0, stream, combine_args)
         return O, lse
 
 

@@ -1,0 +1,200 @@
+"""Where the host time of a public call goes: ``python -m flashref.bench.host_profile``.
+
+For each public call at ``bench calls``' tiny shapes (the kernels take microseconds, so the
+GPU waits for the host): the host's microseconds per call over ``--calls`` calls without a
+sync (``CallTimer.host``, as ``bench calls`` times them), SDPA's equivalent beside it, and
+``cProfile``'s functions with the most own time over those calls. For the adapter's step
+(``flashref.torch.attention`` forward + ``torch.autograd.grad``) also ``torch.profiler``'s CPU
+ranges, which show the autograd engine's work around each side's backward. Last, the pieces
+every call is built from, each timed alone: one kernel launch through CuPy and through the
+driver's ``cuLaunchKernel`` (``flashref.gpu._driver.Launcher``), one ``torch.empty``, one stream
+query. A study of the host path, not a speed claim: ``bench calls`` makes those.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import time
+from pathlib import Path
+
+from .cli import ArgumentParser
+
+PROG = "python -m flashref.bench.host_profile"
+TOP = 18  # functions listed per call
+
+
+def _host_us(torch, run, calls: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def _profile(run, calls: int) -> list[dict]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        run()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, name), (_, ncalls, tt, ct, _) in stats.stats.items():
+        rows.append({"function": f"{Path(file).name}:{line}({name})",
+                     "calls_per_call": ncalls / calls, "own_us": tt / calls * 1e6,
+                     "cum_us": ct / calls * 1e6})  # fmt: skip
+    rows.sort(key=lambda r: -r["own_us"])
+    return rows[:TOP]
+
+
+def _torch_ranges(torch, run, calls: int) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    rows = [
+        {"name": e.key, "count_per_call": e.count / calls,
+         "self_cpu_us": e.self_cpu_time_total / calls, "cpu_us": e.cpu_time_total / calls}
+        for e in prof.key_averages()
+    ]  # fmt: skip
+    rows.sort(key=lambda r: -r["cpu_us"])
+    return rows[:30]
+
+
+def calls(torch, n: int) -> dict:
+    import flashref.gpu as fg
+    import flashref.torch as ft
+
+    from .calls import DECODE_HOST, HOST_SHAPE, _randn
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, H, N, d = HOST_SHAPE
+    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
+    O, lse = fg.flash_attention(q, k, v, return_lse=True)
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    O_s = sdpa(qg, kg, vg)
+    O_a = ft.attention(qg, kg, vg)
+    Bd, Hq, Hkv, Nk, dd = DECODE_HOST
+    decode = {}
+    for Bx in (1, Bd):
+        qd = _randn(torch, (Bx, Hq, 1, dd), torch.float16, gen)
+        kd, vd = (_randn(torch, (Bx, Hkv, Nk, dd), torch.float16, gen) for _ in range(2))
+        decode[Bx] = (qd, kd, vd)
+
+    def grads(out, retain=False):
+        return torch.autograd.grad(out, (qg, kg, vg), dO, retain_graph=retain)
+
+    pairs = {
+        "forward": (lambda: fg.flash_attention(q, k, v), lambda: sdpa(q, k, v)),
+        "backward": (lambda: fg.flash_attention_backward(q, k, v, O, lse, dO),
+                     lambda: grads(O_s, True)),
+        "adapter forward + backward": (lambda: grads(ft.attention(qg, kg, vg)),
+                                       lambda: grads(sdpa(qg, kg, vg))),
+        "adapter forward, grad enabled": (lambda: ft.attention(qg, kg, vg),
+                                          lambda: sdpa(qg, kg, vg)),
+        "adapter backward, retained graph": (lambda: grads(O_a, True), lambda: grads(O_s, True)),
+        **{f"decode B {Bx}": (lambda t=t: fg.decode_attention(*t),
+                              lambda t=t: sdpa(*t, enable_gqa=True))
+           for Bx, t in decode.items()},
+    }  # fmt: skip
+    out = {}
+    for name, (mine, theirs) in pairs.items():
+        mine(), theirs()  # compiled, allocators warm
+        row = {
+            "flashref_us": min(_host_us(torch, mine, n) for _ in range(3)),
+            "sdpa_us": min(_host_us(torch, theirs, n) for _ in range(3)),
+            "flashref_functions": _profile(mine, n),
+        }
+        if name.startswith("adapter forward + backward"):
+            row["flashref_ranges"] = _torch_ranges(torch, mine, n)
+            row["sdpa_ranges"] = _torch_ranges(torch, theirs, n)
+        out[name] = row
+        print(f"{name:34s} flashref {row['flashref_us']:7.1f} us   SDPA {row['sdpa_us']:7.1f} us",
+              flush=True)  # fmt: skip
+    return out
+
+
+def pieces(torch, n: int) -> dict:
+    """One launch through CuPy and through the driver, one torch.empty, one stream query."""
+    import cupy as cp
+    import numpy as np
+
+    from ..gpu import _driver, _host
+
+    src = 'extern "C" __global__ void nothing(const void* a, const void* b, const void* c,' \
+          ' void* o, void* l, int n, int m, float s, int c2) {}'  # fmt: skip
+    fn = cp.RawModule(code=src).get_function("nothing")
+    stream = _host.stream_of(torch.cuda.current_stream().cuda_stream)
+    ints = (np.int32(1), np.int32(2), np.float32(0.5), np.int32(0))
+    x = torch.empty(1024, device="cuda")
+    p = x.data_ptr()
+    out = {}
+
+    def cupy_launch():
+        fn((1,), (32,), (p, p, p, p, p, *ints), stream=stream)
+
+    launcher = _driver.Launcher(fn, "pppppiifi")
+
+    def driver_launch():
+        launcher((1, 1, 1), (32, 1, 1), 0, stream.ptr, (p, p, p, p, p, 1, 2, 0.5, 0))
+
+    for name, run in (
+        ("CuPy RawKernel launch, 9 arguments", cupy_launch),
+        ("cuLaunchKernel through Launcher, 9 arguments", driver_launch),
+        ("torch.empty((1, 8, 128, 64), float16)",
+         lambda: torch.empty((1, 8, 128, 64), dtype=torch.float16, device="cuda")),
+        ("torch current raw stream", lambda: torch._C._cuda_getCurrentRawStream(0)),
+    ):  # fmt: skip
+        run()
+        out[name] = min(_host_us(torch, run, n) for _ in range(3))
+        print(f"{name:46s} {out[name]:7.2f} us", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(prog=PROG, description=__doc__)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--out", type=Path, default=None, help="JSON file for the whole profile")
+    args = p.parse_args(argv)
+    from ..gpu import _runtime
+
+    cp = _runtime._require_gpu()
+    import torch
+
+    from .provenance import provenance
+
+    record = {"meta": provenance(cp, torch), "pieces": pieces(torch, args.calls * 5),
+              "calls": calls(torch, args.calls)}  # fmt: skip
+    for name, row in record["calls"].items():
+        buf = io.StringIO()
+        us = f"flashref {row['flashref_us']:.1f} us, SDPA {row['sdpa_us']:.1f} us"
+        print(f"\n{name}: {us}", file=buf)
+        for f in row["flashref_functions"]:
+            print(f"  {f['own_us']:7.2f} own {f['cum_us']:8.2f} cum {f['calls_per_call']:5.1f}x  "
+                  f"{f['function']}", file=buf)  # fmt: skip
+        for side in ("flashref_ranges", "sdpa_ranges"):
+            for r in row.get(side, [])[:14]:
+                print(f"  [{side[:5]}] {r['cpu_us']:8.1f} cpu {r['self_cpu_us']:8.1f} self "
+                      f"{r['count_per_call']:4.1f}x {r['name']}", file=buf)  # fmt: skip
+        print(buf.getvalue(), end="")
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from . import cli
+
+    sys.exit(cli.run(main, PROG))
