@@ -34,6 +34,7 @@ except ImportError as exc:
 from . import gpu
 from .gpu import _host, _runtime
 from .gpu.backward import backward_plan
+from .gpu.forward import _plan as forward_plan
 
 # What flashref.gpu.flash_attention_backward takes (the forward takes more: float32, other d).
 BACKWARD_DTYPES = ("float16", "bfloat16")
@@ -103,13 +104,16 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale):
-        O, lse = gpu.flash_attention(q, k, v, causal=is_causal, scale=scale, return_lse=True)
+        plan = forward_plan(q, k, v, is_causal, scale, None, True)  # flash_attention's
+        O, lse = plan.run(q, k, v, None)
         ctx.save_for_backward(q, k, v, O, lse)
         ctx.is_causal, ctx.scale = is_causal, scale
-        # The backward's plan, looked up here: the backward runs on the autograd engine's
-        # thread, where every Python step costs more, and dO will have O's shape and dtype.
+        # The backward's plan, kept beside the forward's (dO will have O's shape and dtype):
+        # the backward runs on the autograd engine's thread and should only launch there.
         if any(ctx.needs_input_grad[:3]):
-            ctx.plan = backward_plan((q, k, v, O, lse, O), is_causal, scale)
+            if plan.backward is None:
+                plan.backward = backward_plan((q, k, v, O, lse, O), is_causal, scale)
+            ctx.plan = plan.backward
         return O
 
     @staticmethod

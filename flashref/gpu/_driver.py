@@ -60,6 +60,17 @@ def error_string(code: int) -> str:
     return f"{text.value.decode()} (CUDA driver error {code})"
 
 
+def make_context_current() -> bool:
+    """Make the current device's primary context current on this thread, for a thread that
+    has not called CUDA yet (the autograd engine's, say): the runtime binds it on its first
+    call that needs one. True, so a caller can retry what failed with
+    ``CUDA_ERROR_INVALID_CONTEXT``."""
+    import cupy
+
+    cupy.cuda.runtime.free(0)
+    return True
+
+
 def layout(kinds: str) -> tuple[str, tuple[int, ...], int]:
     """``(struct format, offsets, size)`` of arguments of these kinds packed in order, each
     at its alignment (what the pointer array points at). No GPU needed."""
@@ -127,10 +138,7 @@ class Launcher:
             self.pack(self.buf, 0, *args)
             rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
                              self.params, None)  # fmt: skip
-            if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread that has not touched CUDA yet
-                import cupy
-
-                cupy.cuda.runtime.free(0)  # makes the current device's context current
+            if rc == CUDA_ERROR_INVALID_CONTEXT and make_context_current():
                 rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
                                  self.params, None)  # fmt: skip
         if rc:
@@ -170,10 +178,11 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str
     if aligned % 64:  # the driver wants the map 64-byte aligned: use an aligned copy
         raw = (ctypes.c_char * 192)()
         aligned = (ctypes.addressof(raw) + 63) & ~63
-    rc = libcuda().cuTensorMapEncodeTiled(
-        aligned, e[dtype], 2, ptr, dims, strides, box, step,
-        e["interleave"], e["swizzle"], e["promotion"], e["fill"],
-    )  # fmt: skip
+    args = (aligned, e[dtype], 2, ptr, dims, strides, box, step,
+            e["interleave"], e["swizzle"], e["promotion"], e["fill"])  # fmt: skip
+    rc = libcuda().cuTensorMapEncodeTiled(*args)
+    if rc == CUDA_ERROR_INVALID_CONTEXT and make_context_current():
+        rc = libcuda().cuTensorMapEncodeTiled(*args)
     if rc:
         raise RuntimeError(
             f"cuTensorMapEncodeTiled failed: {error_string(rc)} (x shape {(rows, cols)})"

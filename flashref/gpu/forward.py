@@ -149,6 +149,7 @@ class _Plan:
             G,
         )
         self.version = version
+        self.backward = None  # the backward's plan for this signature (flashref.torch keeps it)
         self.lead, self.Nq, self.Nk = tuple(q.shape[:-2]), q.shape[-2], k.shape[-2]
         self.o_shape, self.lse_shape = (*self.lead, self.Nq, d), (*self.lead, self.Nq)
         self.decode = _decode_route(q, k, G, dtype, causal, version)

@@ -240,3 +240,27 @@ def test_torch_compile_fullgraph(torch, ft, mode):
     torch.cuda.synchronize()
     assert torch.allclose(got.float(), want.float(), atol=1e-2)
     assert torch.allclose(block.qkv.weight.grad.float(), grad.float(), atol=5e-2, rtol=2e-2)
+
+
+def test_a_thread_that_never_called_cuda_runs_every_entry_point(torch, fg):
+    """The autograd engine runs a backward on a thread of its own: a call whose first CUDA
+    work on a thread is a TMA descriptor or a launch through the driver gets the device's
+    context made current there, and gives the main thread's bits."""
+    import threading
+
+    q, k, v, dO = (_randn(torch, (2, 4, 300, 64), "bfloat16", s) for s in range(4))
+    qd = _randn(torch, (2, 8, 1, 128), "bfloat16", 5)
+    kd, vd = (_randn(torch, (2, 2, 700, 128), "bfloat16", s) for s in (6, 7))
+
+    def calls():
+        O, lse = fg.flash_attention(q, k, v, causal=True, return_lse=True)
+        grads = fg.flash_attention_backward(q, k, v, O, lse, dO, causal=True)
+        return (O, lse, *grads, fg.decode_attention(qd, kd, vd))
+
+    want = calls()
+    got = []
+    t = threading.Thread(target=lambda: got.append(calls()))
+    t.start()
+    t.join()
+    assert got, "the thread raised"
+    _same(torch, got[0], want, "on a new thread", atomic=(2,))  # dQ: float32 atomics
