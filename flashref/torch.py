@@ -165,8 +165,9 @@ def _checked(q, k, v, is_causal, scale) -> None:
     with their types. A check that raised is not kept: bad input raises every time."""
     try:
         key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, q.requires_grad, k.requires_grad, v.requires_grad,
-               torch.is_grad_enabled(), type(is_causal), is_causal, type(scale), scale)  # fmt: skip
+               q.get_device(), k.get_device(), v.get_device(), q.requires_grad, k.requires_grad,
+               v.requires_grad, torch.is_grad_enabled(), type(is_causal), is_causal, type(scale),
+               scale)  # fmt: skip
         hash(key)
     except Exception:
         return _check_tensors(q, k, v, is_causal, scale)  # says what is wrong

@@ -497,6 +497,20 @@ def compile_outcomes(torch) -> dict:
     return out
 
 
+def default_versions(cc) -> tuple[list[int], list[int], list[int]]:
+    """The forward, backward and decode versions that ``version=None`` runs on a GPU of
+    compute capability ``cc`` at the shapes these benchmarks call (what their files name)."""
+    from ..gpu.backward_versions import default_bwd_version
+    from ..gpu.decode.versions import default_decode_version
+    from ..gpu.forward_versions import default_forward_version
+
+    dtypes, dims, masks = ("float16", "bfloat16"), (64, 128), (False, True)
+    fwd = {default_forward_version(t, d, c, cc) for t in dtypes for d in dims for c in masks}
+    bwd = {default_bwd_version(t, d, True, cc) for t in dtypes for d in dims}
+    dec = {default_decode_version(cc, None), default_decode_version(cc, PAGE_SIZE)}
+    return sorted(fwd), sorted(bwd), sorted(dec)
+
+
 def main(argv=None) -> int:
     from ..gpu import _runtime
 
@@ -517,26 +531,12 @@ def main(argv=None) -> int:
         from .cli import missing
 
         return missing(PROG, "torch is not installed: the baselines are torch's SDPA")
-    from ..gpu.backward_versions import default_bwd_version
-    from ..gpu.decode.versions import default_decode_version
-    from ..gpu.forward_versions import default_forward_version
     from .provenance import provenance
     from .roofs import device_facts
 
     facts = device_facts(cp)
     cc = tuple(int(x) for x in facts["compute_capability"].split("."))
-    fwd = sorted(
-        {
-            default_forward_version(dt, d, c, cc)
-            for dt in ("float16", "bfloat16")
-            for d in (64, 128)
-            for c in (False, True)
-        }
-    )
-    bwd = sorted(
-        {default_bwd_version(dt, d, True, cc) for dt in ("float16", "bfloat16") for d in (64, 128)}
-    )
-    dec = sorted({default_decode_version(cc, None), default_decode_version(cc, PAGE_SIZE)})
+    fwd, bwd, dec = default_versions(cc)
     timer = CallTimer(torch)
     sections = {
         "host": lambda: host_times(torch, timer),

@@ -164,16 +164,22 @@ def pieces(torch, n: int) -> dict:
 def main(argv=None) -> int:
     p = ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--calls", type=int, default=200)
-    p.add_argument("--out", type=Path, default=None, help="JSON file for the whole profile")
+    p.add_argument("--out", type=Path, default=Path("results/gpu_host_profile.json"))
     args = p.parse_args(argv)
     from ..gpu import _runtime
 
     cp = _runtime._require_gpu()
     import torch
 
+    from .calls import default_versions
     from .provenance import provenance
+    from .roofs import device_facts
 
-    record = {"meta": provenance(cp, torch), "pieces": pieces(torch, args.calls * 5),
+    cc = tuple(int(x) for x in device_facts(cp)["compute_capability"].split("."))
+    fwd, bwd, dec = default_versions(cc)
+    meta = {**provenance(cp, torch, forward=fwd, backward=bwd, decode=dec), "calls": args.calls,
+            "defaults": {"forward": fwd, "backward": bwd, "decode": dec}}  # fmt: skip
+    record = {"meta": meta, "pieces": pieces(torch, args.calls * 5),
               "calls": calls(torch, args.calls)}  # fmt: skip
     for name, row in record["calls"].items():
         buf = io.StringIO()
@@ -187,8 +193,9 @@ def main(argv=None) -> int:
                 print(f"  [{side[:5]}] {r['cpu_us']:8.1f} cpu {r['self_cpu_us']:8.1f} self "
                       f"{r['count_per_call']:4.1f}x {r['name']}", file=buf)  # fmt: skip
         print(buf.getvalue(), end="")
-    if args.out:
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

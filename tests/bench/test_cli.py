@@ -14,7 +14,8 @@ from flashref.gpu import available
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = ("cpu", "gpu", "decode", "calls", "profile", "roofs")
-MODULES = ("selfcheck", "ring", "decode_split_sweep", "decode_host_time", "ptx_snapshot")
+MODULES = ("selfcheck", "ring", "decode_split_sweep", "decode_host_time", "ptx_snapshot",
+           "host_profile")  # fmt: skip
 
 
 def _run(*args, env=None):
@@ -44,7 +45,7 @@ def test_every_command_shows_its_defaults(args):
 @pytest.mark.skipif(available(), reason="this machine has a GPU: the commands would run")
 @pytest.mark.parametrize("args", [("flashref.bench", "gpu"), ("flashref.bench", "decode"),
                                   ("flashref.bench", "calls"), ("flashref.bench", "roofs"),
-                                  ("flashref.bench.selfcheck",)],
+                                  ("flashref.bench.selfcheck",), ("flashref.bench.host_profile",)],
                          ids=lambda a: " ".join(a))  # fmt: skip
 def test_without_a_gpu_one_line_says_what_is_missing(args):
     proc = _run(*args)

@@ -27,7 +27,7 @@ RECORDED_BEFORE_HASHES = frozenset({
     "gpu_decode.json", "gpu_decode_profile.json", "gpu_decode_profile_v7.json",
     "gpu_decode_splits.json", "gpu_decode_splits_d64.json", "gpu_hopper.json",
     "gpu_hopper_profile.json", "gpu_io.json", "gpu_profile.json", "gpu_stall_sampling.json",
-    "gpu_stall_sampling_v27.json", "gpu_stall_sampling_v29.json", "gpu_training.json",
+    "gpu_stall_sampling_v27.json", "gpu_stall_sampling_v29.json",
 })  # fmt: skip
 
 FILES = sorted(p.name for p in RESULTS.glob("*.json"))
