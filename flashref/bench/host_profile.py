@@ -5,14 +5,17 @@ GPU waits for the host): the host's microseconds per call over ``--calls`` calls
 sync (``CallTimer.host``, as ``bench calls`` times them), SDPA's equivalent beside it, and
 ``cProfile``'s functions with the most own time over those calls. For the adapter's step
 (``flashref.torch.attention`` forward + ``torch.autograd.grad``) also ``torch.profiler``'s CPU
-ranges, which show the autograd engine's work around each side's backward. Last, the pieces
-every call is built from, each timed alone: one kernel launch through CuPy and through the
-driver's ``cuLaunchKernel`` (``flashref.gpu._driver.Launcher``), one ``torch.empty``, one stream
-query. A study of the host path, not a speed claim: ``bench calls`` makes those.
+ranges, which show the autograd engine's work around each side's backward. Then what a loop
+of calls adds (``loops``): the decode loop of ``bench calls`` with one input set and four,
+with its kernels' GPU time, and the adapter's step with the garbage collector off. Last, the
+pieces every call is built from, each timed alone: one kernel launch through CuPy and through
+the driver's ``cuLaunchKernel`` (``flashref.gpu._driver.Launcher``), one ``torch.empty``, one
+stream query. A study of the host path, not a speed claim: ``bench calls`` makes those.
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import json
@@ -161,6 +164,55 @@ def pieces(torch, n: int) -> dict:
     return out
 
 
+def loops(torch, n: int = 50) -> dict:
+    """What a loop of calls costs beyond one call's host time: the decode loop of ``bench
+    calls`` (B 1, Hq 32, Hkv 8, Nk 4096, d 128) with one input set and with four rotated,
+    each call's kernels' GPU time in that loop (``torch.profiler``), and the adapter's
+    training-like step with Python's garbage collector on and off."""
+    import gc
+
+    import flashref.gpu as fg
+    import flashref.torch as ft
+
+    from .calls import HOST_SHAPE, CallTimer, _cudnn, _randn
+    from .timing.call_time import kernel_us
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    sets = [(_randn(torch, (1, 32, 1, 128), torch.float16, gen),
+             *(_randn(torch, (1, 8, 4096, 128), torch.float16, gen) for _ in range(2)))
+            for _ in range(4)]  # fmt: skip
+    timer, out = CallTimer(torch), {}
+    sides = (("flashref", fg.decode_attention, contextlib.nullcontext),
+             ("sdpa cuDNN", lambda q, k, v: sdpa(q, k, v, enable_gqa=True),
+              lambda: _cudnn(torch)))  # fmt: skip
+    for name, fn, ctx in sides:
+        with ctx():
+            for copies in (1, 4):
+                runs = [lambda s=s, fn=fn: fn(*s) for s in sets[:copies]]
+                runs[0]()
+                loop = min(timer.back_to_back(runs, n) for _ in range(5)) * 1e3
+                out[f"decode loop, {name}, {copies} input sets, us per call"] = loop
+            out[f"decode loop, {name}, kernels' GPU us per call"] = kernel_us(torch, runs[0], 20)
+    B, H, N, d = HOST_SHAPE
+    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    for name, fn in (("flashref", ft.attention), ("sdpa", sdpa)):
+
+        def step(fn=fn):
+            return torch.autograd.grad(fn(*leaves), leaves, dO)
+
+        step()
+        for collect in (True, False):
+            (gc.enable if collect else gc.disable)()
+            out[f"adapter step, {name}, gc {'on' if collect else 'off'}, host us"] = min(
+                _host_us(torch, step, 200) for _ in range(3))  # fmt: skip
+        gc.enable()
+    for key, value in out.items():
+        print(f"{key:58s} {value:8.1f}", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--calls", type=int, default=200)
@@ -180,7 +232,7 @@ def main(argv=None) -> int:
     meta = {**provenance(cp, torch, forward=fwd, backward=bwd, decode=dec), "calls": args.calls,
             "defaults": {"forward": fwd, "backward": bwd, "decode": dec}}  # fmt: skip
     record = {"meta": meta, "pieces": pieces(torch, args.calls * 5),
-              "calls": calls(torch, args.calls)}  # fmt: skip
+              "calls": calls(torch, args.calls), "loops": loops(torch)}  # fmt: skip
     for name, row in record["calls"].items():
         buf = io.StringIO()
         us = f"flashref {row['flashref_us']:.1f} us, SDPA {row['sdpa_us']:.1f} us"
