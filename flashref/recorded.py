@@ -1,7 +1,8 @@
 """Reading the recorded training run and backward benchmark that chapter 8 prints.
 
 ``results/gpu_training.json`` is written by ``python -m flashref.charmodel``;
-``results/gpu_backward.json`` by the GPU benchmark of the backward kernels. Both are read
+``results/gpu_backward.json`` by the GPU benchmark of the backward kernels;
+``results/gpu_calls.json`` (its host rows) by ``python -m flashref.bench calls``. Both are read
 with every field checked (a missing key, a wrong type, NaN or infinity is a ValueError
 naming the file, the entry and the field), so a chapter never prints from a broken file.
 NumPy and the standard library only.
@@ -116,6 +117,55 @@ def training_summary(runs, window: int = 50) -> dict:
         out["seed_end_gap"] = abs(end_loss(other, window) - end_loss(sdpa, window))
         out["seed_val_gap"] = abs(other["val_loss"] - sdpa["val_loss"])
     return out
+
+
+ADAPTER_STEP = "flashref.torch.attention forward + backward"  # the host row of bench calls
+
+
+def step_host_share(runs, n_layers: int, calls_path) -> dict:
+    """How much of the training run's longer step is the attention call's host time.
+
+    ``runs``: the training runs (``load_training``); ``calls_path``: a ``gpu_calls.json``
+    whose host rows time ``flashref.torch.attention``'s forward and backward beside SDPA's
+    at a tiny shape (``bench calls``). Returns ``{"flashref_ms", "sdpa_ms"`` (per step, the
+    runs from one seed), ``"gap_ms"``, ``"flashref_us"``, ``"sdpa_us"`` (host time of one
+    forward + backward), ``"host_ms"`` (``n_layers`` calls a step: the extra host time per
+    step), ``"share"`` (of the gap), ``"shape"``, ``"date"``, ``"commit"}``.
+    """
+    flash, sdpa = _pair(runs)
+    data = _read(Path(calls_path))
+    rows = [r for r in data.get("host", []) if str(r.get("call", "")).startswith(ADAPTER_STEP)]
+    if not rows:
+        raise ValueError(f"{calls_path}: no host row of {ADAPTER_STEP!r}")
+    row = rows[0]
+    _check(row, {"flashref_us": _NUM, "sdpa_us": _NUM}, f"{calls_path}: {row['call']!r}")
+    gap_ms = (flash["s_per_step"] - sdpa["s_per_step"]) * 1e3
+    host_ms = n_layers * (row["flashref_us"] - row["sdpa_us"]) / 1e3
+    meta = data.get("meta", {})
+    return {
+        "flashref_ms": flash["s_per_step"] * 1e3,
+        "sdpa_ms": sdpa["s_per_step"] * 1e3,
+        "gap_ms": gap_ms,
+        "flashref_us": row["flashref_us"],
+        "sdpa_us": row["sdpa_us"],
+        "host_ms": host_ms,
+        "share": host_ms / gap_ms if gap_ms > 0 else None,
+        "shape": row["call"][len(ADAPTER_STEP) :].strip(),
+        "date": meta.get("date"),
+        "commit": str(meta.get("commit", ""))[:7],
+    }
+
+
+def step_host_lines(h: dict, n_layers: int, calls_name: str) -> list[str]:
+    """``step_host_share``'s result as the lines chapter 8 prints."""
+    return [
+        f"step: flashref {h['flashref_ms']:.1f} ms, SDPA {h['sdpa_ms']:.1f} ms, "
+        f"{h['flashref_ms'] / h['sdpa_ms']:.2f} times, {h['gap_ms']:.1f} ms more",
+        f"host time of one forward + backward {h['shape']} ({calls_name}, {h['date']}):",
+        f"  flashref {h['flashref_us']:.0f} us, SDPA {h['sdpa_us']:.0f} us",
+        f"{n_layers} layers a step: {h['host_ms']:.2f} ms of the {h['gap_ms']:.1f} ms"
+        + ("" if h["share"] is None else f" ({h['share']:.0%})"),
+    ]
 
 
 def load_backward(path):

@@ -16,6 +16,8 @@ from flashref.recorded import (
     load_backward,
     load_training,
     ratios_to_flash,
+    step_host_lines,
+    step_host_share,
     training_summary,
 )
 
@@ -49,6 +51,34 @@ def test_training_file_and_summary(tmp_path):
     assert math.isclose(s["end_gap"], 0.02) and math.isclose(s["max_step_gap"], 0.02)
     assert math.isclose(s["val_gap"], 0.1) and math.isclose(s["seed_val_gap"], 0.5)
     assert math.isclose(s["seed_end_gap"], 0.52)
+
+
+def _calls(flashref_us=300.0, sdpa_us=200.0):
+    row = {"call": "flashref.torch.attention forward + backward (1, 8, 128, 64) fp16",
+           "flashref_us": flashref_us, "sdpa_us": sdpa_us}  # fmt: skip
+    other = {"call": "forward (1, 8, 128, 64) fp16", "flashref_us": 1.0, "sdpa_us": 9.0}
+    return {"meta": {"date": "2026-12-02", "commit": "abcdef0123"}, "host": [other, row]}
+
+
+def test_step_host_share_sets_the_calls_host_time_against_the_step_gap(tmp_path):
+    data = _training()
+    data["runs"][0]["s_per_step"] = 0.0125  # flashref 12.5 ms a step, SDPA 10 ms
+    _, runs = load_training(_write(tmp_path, data))
+    h = step_host_share(runs, 4, _write(tmp_path, _calls(), "calls.json"))
+    assert math.isclose(h["gap_ms"], 2.5) and math.isclose(h["host_ms"], 0.4)  # 4 x 100 us
+    assert math.isclose(h["share"], 0.16) and h["shape"] == "(1, 8, 128, 64) fp16"
+    assert h["commit"] == "abcdef0" and h["date"] == "2026-12-02"
+    lines = step_host_lines(h, 4, "calls.json")
+    assert lines[0] == "step: flashref 12.5 ms, SDPA 10.0 ms, 1.25 times, 2.5 ms more"
+    assert lines[-1] == "4 layers a step: 0.40 ms of the 2.5 ms (16%)"
+
+
+def test_step_host_share_names_a_calls_file_without_the_row(tmp_path):
+    _, runs = load_training(_write(tmp_path, _training()))
+    calls = _calls()
+    calls["host"] = calls["host"][:1]
+    with pytest.raises(ValueError, match="no host row of 'flashref.torch.attention forward"):
+        step_host_share(runs, 4, _write(tmp_path, calls, "calls.json"))
 
 
 def test_training_summary_without_another_seed(tmp_path):
