@@ -64,6 +64,58 @@ def check_flag(value, name: str) -> bool:
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
+CAUSAL_SPELLINGS = "False, True, 'top_left' or 'bottom_right'"
+
+
+def check_causal(causal, name: str = "causal") -> str | None:
+    """The one spelling of the causal mask, taken by every attention function here and on the
+    GPU: ``None`` for ``False`` (no mask), ``"top_left"`` for ``True`` or ``"top_left"``
+    (query ``i`` sees keys ``j <= i``, as SDPA's ``is_causal=True``), ``"bottom_right"`` for
+    ``"bottom_right"`` (query ``i`` sees keys ``j <= i + Nk - Nq``: the queries are the last
+    ``Nq`` positions of the sequence, as in FlashAttention 2.1 and later, and in decoding
+    from a cache). The two agree when ``Nq == Nk``. Bools may be NumPy's; any other value
+    (``1``, ``None``, the string ``"True"``) is an error naming the argument.
+    """
+    if isinstance(causal, (bool, np.bool_)):
+        return "top_left" if causal else None
+    if isinstance(causal, str):
+        if causal in ("top_left", "bottom_right"):
+            return causal
+        raise ValueError(f"{name} must be {CAUSAL_SPELLINGS}, got {causal!r}")
+    raise TypeError(f"{name} must be {CAUSAL_SPELLINGS}, got {type(causal).__name__}")
+
+
+def causal_top_left(causal, Nq: int, Nk: int, where: str, name: str = "causal") -> bool:
+    """Whether a function that masks top-left only (``where`` names it) masks: ``check_causal``,
+    with ``"bottom_right"`` taken where it is the same mask (``Nq == Nk``) and refused, naming
+    the functions that align it, where it is not."""
+    kind = check_causal(causal, name)
+    if kind == "bottom_right" and Nq != Nk:
+        raise ValueError(
+            f"{name}='bottom_right' (query i sees keys j <= i + Nk - Nq) differs from the "
+            f"top-left mask when Nq != Nk (here Nq = {Nq}, Nk = {Nk}), and the mask of {where} "
+            f"is top-left (query i sees keys j <= i, {name}=True); bottom-right masks "
+            "are computed by paged_attention and flashref.gpu.decode_attention / "
+            "paged_decode_attention"
+        )
+    return kind is not None
+
+
+def causal_bottom_right(causal, where: str, name: str = "causal") -> bool:
+    """Whether a function that masks bottom-right only (new queries against a cache; ``where``
+    names it) masks: ``check_causal``, with top-left (``True``) refused, since it would hide
+    most of the cache from the new queries."""
+    kind = check_causal(causal, name)
+    if kind == "top_left":
+        raise ValueError(
+            f"{name}={causal!r} is the top-left mask (query i sees keys j <= i), which would "
+            f"hide most of the cache from the new queries, and the mask of {where} is "
+            f"bottom-right: pass {name}='bottom_right' (query i sees keys j <= i + Nk - Nq) "
+            f"or {name}=False"
+        )
+    return kind is not None
+
+
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     """float64 stays float64; float16 and float32 accumulate in float32."""
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)

@@ -17,13 +17,14 @@ Conventions shared by every function here (and by ``flashref.gpu``):
   other scale must be a real number (not a bool), finite, nonzero, and
   representable in the accumulation dtype (no ``1e300`` with float32 inputs);
   negative is allowed. The rule and its reasons: ``_checks.check_scale``.
-- ``causal`` and ``return_lse`` are bools (Python or NumPy); anything else,
-  such as the string ``"False"``, is a TypeError.
-- ``causal=True`` is aligned top-left, as in
-  ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: query
-  ``i`` sees keys ``j <= i``. (FlashAttention 2.1 and later align bottom-right
-  instead, query ``i`` seeing keys ``j <= i + Nk - Nq``; the two agree when
-  ``Nq == Nk``.)
+- ``causal`` is spelled as everywhere in flashref (``_checks.check_causal``):
+  ``False``, ``True`` or ``"top_left"`` (query ``i`` sees keys ``j <= i``, as
+  ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``), or
+  ``"bottom_right"`` (query ``i`` sees keys ``j <= i + Nk - Nq``, as FlashAttention
+  2.1 and later align it). These functions mask top-left, so they take
+  ``"bottom_right"`` where it is the same mask (``Nq == Nk``) and refuse it, naming
+  the functions that mask bottom-right, where it is not. ``return_lse`` is a bool
+  (Python or NumPy); anything else, such as the string ``"False"``, is a TypeError.
 - ``mask`` is boolean, broadcastable to ``(..., Nq, Nk)``, True meaning "may
   attend" (the SDPA convention). With ``causal`` too, both must allow a pair.
 - A query that may attend to no key (fully masked, or ``Nk == 0``) gets a zero
@@ -39,19 +40,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import accumulation_dtype, check_block, check_flag, check_mask, check_qkv, check_scale
+from ._checks import (
+    accumulation_dtype,
+    causal_top_left,
+    check_block,
+    check_causal,
+    check_flag,
+    check_mask,
+    check_qkv,
+    check_scale,
+)
 from .state import SoftmaxState
 
 
-def _prepare(q, k, v, scale, mask, causal, return_lse):
+def _prepare(q, k, v, scale, mask, causal, return_lse, where="this function"):
     """Validate everything before any work; return the inputs uncopied, plus what to cast to
     and ``G``, the number of query heads per K/V head.
 
-    ``causal`` and ``return_lse`` are only checked: a NumPy bool works as a Python one.
+    ``causal`` and ``return_lse`` are only checked (a NumPy bool works as a Python one, and
+    ``causal`` is truthy exactly where it masks: ``"bottom_right"`` passes only where it is the
+    top-left mask); ``where`` names the caller in the error.
     """
-    check_flag(causal, "causal")
+    check_causal(causal)
     check_flag(return_lse, "return_lse")
     q, k, v, out_dtype, G = check_qkv(q, k, v)
+    causal_top_left(causal, q.shape[-2], k.shape[-2], where)
     acc = accumulation_dtype(out_dtype)
     scale = acc.type(check_scale(scale, q.shape[-1], acc))
     mask = check_mask(mask, q, k)
@@ -119,7 +132,9 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     grows with Nq * Nk, which is exactly what tiling removes. See the module
     docstring for shapes, dtypes, the causal convention and masking.
     """
-    q, k, v, mask, scale, out_dtype, G = _prepare(q, k, v, scale, mask, causal, return_lse)
+    q, k, v, mask, scale, out_dtype, G = _prepare(
+        q, k, v, scale, mask, causal, return_lse, "naive_attention"
+    )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     acc = scale.dtype
     Q = _pack(_load(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
@@ -158,7 +173,9 @@ def tiled_attention(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype, G = _prepare(q, k, v, scale, mask, causal, return_lse)
+    q, k, v, mask, scale, out_dtype, G = _prepare(
+        q, k, v, scale, mask, causal, return_lse, "tiled_attention"
+    )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
     O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Hq, Nq, dv)
@@ -195,7 +212,9 @@ def tiled_attention_kv_outer(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype, G = _prepare(q, k, v, scale, mask, causal, return_lse)
+    q, k, v, mask, scale, out_dtype, G = _prepare(
+        q, k, v, scale, mask, causal, return_lse, "tiled_attention_kv_outer"
+    )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
     row_tiles = [range(r0, min(r0 + Br, Nq)) for r0 in range(0, Nq, Br)]

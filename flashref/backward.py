@@ -25,7 +25,8 @@ and the sum happens inside the products ``P^T dO`` and ``dS^T Q``, which run ove
 rows: no per-query-head copy of K, V, dK or dV is made.
 
 Conventions as in ``flashref.attention``: ``scale`` defaults to
-``1/sqrt(d)``, ``causal`` is aligned top-left, ``mask`` is boolean with True meaning "may
+``1/sqrt(d)``, ``causal`` is aligned top-left (``"bottom_right"`` taken where it is the same
+mask, ``Nq == Nk``), ``mask`` is boolean with True meaning "may
 attend". ``o`` and ``lse`` are what the forward returned (``return_lse=True``) for the same
 q, k, v, scale, causal and mask. The arithmetic is done in the forward's accumulation dtype
 (float32 for float16/32 q, k, v; float64 for float64), so that P is recomputed as the
@@ -39,14 +40,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float_array, check_block, check_flag
+from ._checks import as_float_array, check_block
 from .attention import _allowed, _load, _pack, _prepare
 
 
-def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask):
+def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where="the backward"):
     """Validate every argument before any work (q, k, v, scale and mask as the forward does)."""
-    causal = check_flag(causal, "causal")
-    q, k, v, mask, scale, _, G = _prepare(q, k, v, scale, mask, causal, False)
+    q, k, v, mask, scale, _, G = _prepare(q, k, v, scale, mask, causal, False, where)
+    causal = bool(causal)  # truthy exactly where it masks (_prepare)
     o = as_float_array(o, "o")
     lse = as_float_array(lse, "lse")
     do = as_float_array(do, "do")
@@ -94,7 +95,7 @@ def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, m
     dtypes and conventions.
     """
     q, k, v, o, lse, do, mask, scale, causal, G = _prepare_backward(
-        q, k, v, o, lse, do, scale, causal, mask
+        q, k, v, o, lse, do, scale, causal, mask, "naive_attention_backward"
     )
     Nq, Nk = q.shape[-2], k.shape[-2]
     acc = scale.dtype
@@ -135,7 +136,7 @@ def tiled_attention_backward(
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
     q, k, v, o, lse, do, mask, scale, causal, G = _prepare_backward(
-        q, k, v, o, lse, do, scale, causal, mask
+        q, k, v, o, lse, do, scale, causal, mask, "tiled_attention_backward"
     )
     Nq, Nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype

@@ -75,7 +75,8 @@ def split_kv_attention(
     """Attention with the keys cut into ``num_splits`` chunks and the partial results merged.
 
     ``q (..., Hq, Nq, d)``, ``k (..., Hkv, Nk, d)``, ``v (..., Hkv, Nk, dv)``, ``scale``,
-    ``causal`` (top-left, over the global key positions), ``mask`` and ``return_lse`` as in
+    ``causal`` (top-left, over the global key positions; ``"bottom_right"`` where it is the
+    same mask, ``Nq == Nk``), ``mask`` and ``return_lse`` as in
     ``naive_attention``, whose result it equals up to rounding for every ``num_splits >= 1``
     (more splits than keys is allowed: the extra chunks are empty). Chunks come from
     ``split_bounds``. Each chunk is ordinary attention to a slice of the keys, with the
@@ -85,7 +86,9 @@ def split_kv_attention(
     Returns ``O``, ``(O, lse)``, ``(O, splits)`` or ``(O, lse, splits)``, where ``splits``
     is the list of ``KVSplit`` (each chunk's keys and partial ``O``, ``lse``).
     """
-    q, k, v, mask, scale, out_dtype, _ = _prepare(q, k, v, scale, mask, causal, return_lse)
+    q, k, v, mask, scale, out_dtype, _ = _prepare(
+        q, k, v, scale, mask, causal, return_lse, "split_kv_attention"
+    )
     return_splits = check_flag(return_splits, "return_splits")
     causal, return_lse = bool(causal), bool(return_lse)
     Nq, Nk, acc = q.shape[-2], k.shape[-2], scale.dtype

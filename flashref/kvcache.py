@@ -31,6 +31,7 @@ from ._checks import (
     FLOAT_DTYPES,
     accumulation_dtype,
     as_float_array,
+    causal_bottom_right,
     check_block,
     check_flag,
     check_scale,
@@ -176,21 +177,11 @@ class PagedKVCache:
         return K.reshape(Hkv, -1, self.head_dim)[:, :L], V.reshape(Hkv, -1, self.head_dim_v)[:, :L]
 
 
-def _check_causal(causal) -> bool:
-    """``"bottom_right"`` or ``False``; True (top-left) would hide the cache from new tokens."""
-    if isinstance(causal, str):
-        if causal != "bottom_right":
-            raise ValueError(f"causal must be 'bottom_right' or False, got {causal!r}")
-        return True
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be 'bottom_right' or False, got {type(causal).__name__}")
-    if causal:
-        raise ValueError(
-            "causal=True aligns the mask top-left (query i sees keys j <= i), which would hide "
-            "most of the cache from the new tokens; pass causal='bottom_right' (query i sees "
-            "keys j <= i + Nk - Nq) or causal=False"
-        )
-    return False
+def _check_causal(causal, where: str = "paged_attention") -> bool:
+    """Whether to mask: ``"bottom_right"`` (the default of the cache's functions) or ``False``;
+    ``True`` and ``"top_left"`` would hide most of the cache from the new tokens
+    (``_checks.causal_bottom_right``)."""
+    return causal_bottom_right(causal, where)
 
 
 def paged_attention(q, cache, seqs, *, causal="bottom_right", scale=None, return_lse=False):

@@ -32,6 +32,7 @@ except ImportError as exc:
     ) from exc
 
 from . import gpu
+from ._checks import check_flag
 from .gpu import _host, _runtime
 from .gpu.backward import backward_plan
 from .gpu.forward import _plan as forward_plan
@@ -202,6 +203,7 @@ def _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
         )
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    check_flag(is_causal, "is_causal")  # SDPA's bool: top-left (flashref's "top_left")
     if hasattr(query, "shape") and hasattr(key, "shape") and query.ndim >= 3 and key.ndim >= 3:
         if query.shape[-3] != key.shape[-3] and not enable_gqa:
             raise ValueError(

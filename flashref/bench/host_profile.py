@@ -7,7 +7,8 @@ sync (``CallTimer.host``, as ``bench calls`` times them), SDPA's equivalent besi
 (``flashref.torch.attention`` forward + ``torch.autograd.grad``) also ``torch.profiler``'s CPU
 ranges, which show the autograd engine's work around each side's backward. Then what a loop
 of calls adds (``loops``): the decode loop of ``bench calls`` with one input set and four,
-with its kernels' GPU time, and the adapter's step with the garbage collector off. Last, the
+with its kernels' GPU time, and the adapter's step with the garbage collector off and with
+the backward run on the calling thread (``torch.autograd.set_multithreading_enabled``). Last, the
 pieces every call is built from, each timed alone: one kernel launch through CuPy and through
 the driver's ``cuLaunchKernel`` (``flashref.gpu._driver.Launcher``), one ``torch.empty``, one
 stream query. A study of the host path, not a speed claim: ``bench calls`` makes those.
@@ -168,7 +169,8 @@ def loops(torch, n: int = 50) -> dict:
     """What a loop of calls costs beyond one call's host time: the decode loop of ``bench
     calls`` (B 1, Hq 32, Hkv 8, Nk 4096, d 128) with one input set and with four rotated,
     each call's kernels' GPU time in that loop (``torch.profiler``), and the adapter's
-    training-like step with Python's garbage collector on and off."""
+    training-like step with Python's garbage collector on and off, and with the autograd
+    engine running the backward on the calling thread."""
     import gc
 
     import flashref.gpu as fg
@@ -208,6 +210,11 @@ def loops(torch, n: int = 50) -> dict:
             out[f"adapter step, {name}, gc {'on' if collect else 'off'}, host us"] = min(
                 _host_us(torch, step, 200) for _ in range(3))  # fmt: skip
         gc.enable()
+        # the backward on the calling thread instead of the autograd engine's device thread
+        with torch.autograd.set_multithreading_enabled(False):
+            step()
+            out[f"adapter step, {name}, backward on the calling thread, host us"] = min(
+                _host_us(torch, step, 200) for _ in range(3))  # fmt: skip
     for key, value in out.items():
         print(f"{key:58s} {value:8.1f}", flush=True)
     return out

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checks import check_flag, check_qkv, check_scale
+from .._checks import check_causal, check_qkv, check_scale
 from ..ring.simulate import _check_layout
 from . import cli, ring_check
 from .cli import ArgumentParser
@@ -121,7 +121,7 @@ def ring_attention_gloo(
             f"ring_attention_gloo takes q, k, v of one sequence with the same heads; got q "
             f"{q.shape}, k {k.shape} (grouped heads are for flashref.ring_attention)"
         )
-    causal = check_flag(causal, "causal")
+    causal = check_causal(causal) is not None  # self-attention: Nq == Nk, both alignments agree
     _check_layout(q.shape[-2], world_size, layout)
     scale = check_scale(scale, q.shape[-1], q.dtype)
     if attend not in ATTEND:

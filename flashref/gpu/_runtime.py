@@ -10,7 +10,7 @@ functions, so ``import flashref.gpu`` works on any machine.
 
 from __future__ import annotations
 
-from .._checks import check_flag, check_scale, check_shapes
+from .._checks import causal_top_left, check_causal, check_flag, check_scale, check_shapes
 
 INSTALL_HINT = (
     "install CuPy for your CUDA driver with pip install 'flashref[cuda12]' "
@@ -101,13 +101,16 @@ def _is_torch(x) -> bool:
     return m == "torch" or m.startswith("torch.")
 
 
-def _check_inputs(q, k, v, causal, scale, return_lse):
+def _check_inputs(q, k, v, causal, scale, return_lse, where="flash_attention"):
     """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale, G).
 
     ``causal``, ``return_lse`` and ``scale`` follow the NumPy functions' rules
-    (``check_flag``, ``check_scale``); the kernels accumulate in float32. ``G = Hq // Hkv``
-    is the grouped-query group size (1 without grouping), under the NumPy functions' rules.
+    (``check_causal`` and ``causal_top_left``: the kernels mask top-left, ``"bottom_right"``
+    taken where it is the same mask; ``check_flag``, ``check_scale``); the kernels accumulate
+    in float32. ``G = Hq // Hkv`` is the grouped-query group size (1 without grouping),
+    under the NumPy functions' rules. ``where`` names the caller in the errors.
     """
+    check_causal(causal)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
             raise TypeError(
@@ -127,6 +130,6 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
     dtype = dtypes.pop()
     if dtype not in DTYPES:
         raise TypeError(f"q has dtype {dtype}; flashref.gpu supports {', '.join(DTYPES)}")
-    check_flag(causal, "causal")
+    causal_top_left(causal, q.shape[-2], k.shape[-2], f"{where}'s kernels")
     check_flag(return_lse, "return_lse")
     return dtype, d, check_scale(scale, d, "float32"), G

@@ -51,7 +51,8 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
         _check_array(x, name)
-    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, False)  # the NumPy shape rules
+    # the NumPy shape rules and messages
+    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, False, "flash_attention_backward")
     o_shape = tuple(q.shape[:-1]) + tuple(v.shape[-1:])
     for name, arr in (("o", o), ("do", do)):
         if tuple(arr.shape) != o_shape:
@@ -227,7 +228,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
             each group's query heads.
         o: (..., Nq, d), the forward's output, q's dtype; do: (..., Nq, d), dLoss/dO.
         lse: (..., Nq) float32, the forward's ``lse`` (``flash_attention(..., return_lse=True)``).
-        causal, scale: as in the forward call that made ``o`` and ``lse``.
+        causal, scale: as in the forward call that made ``o`` and ``lse`` (``causal`` as
+            ``flash_attention`` takes it: top-left, ``"bottom_right"`` where ``Nq == Nk``).
         version: a key of ``BWD_VERSIONS``, or None for the default.
 
     Returns ``(dq, dk, dv)`` in q's dtype and kind (CuPy in, CuPy out; torch in, torch out).

@@ -99,7 +99,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
             (causal only with ``Nq == Nk``) run the decode kernel
             (``flashref.gpu.decode_attention``); other grouped inputs run the version once
             per member of a group.
-        causal: top-left causal mask (query i sees keys j <= i); a bool.
+        causal: ``False``, ``True`` or ``"top_left"`` (query i sees keys j <= i); the
+            kernels mask top-left, so ``"bottom_right"`` is taken where it is the same mask
+            (``Nq == Nk``) and refused elsewhere (``flashref._checks.check_causal``).
         scale: score scale, default ``1/sqrt(d)``; a real number, finite, nonzero
             and within float32's range (negative allowed), as on the CPU.
         version: a key of ``VERSIONS``, or None for the fastest that supports
@@ -131,7 +133,7 @@ class _Plan:
 
     def __init__(self, q, k, v, causal, scale, version, return_lse):
         dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse)
-        causal = bool(causal)  # a NumPy bool passed check_flag
+        causal = bool(causal)  # truthy exactly where it masks (_check_inputs)
         ver = _check_version(version, dtype, d, causal)
         cp = _require_gpu()
         self.cp = cp

@@ -40,6 +40,7 @@ import numpy as np
 from .._checks import (
     accumulation_dtype,
     check_block,
+    check_causal,
     check_flag,
     check_qkv,
     check_scale,
@@ -153,7 +154,7 @@ def ring_attention(
     ``schedule`` is a ``RingSchedule``. Equal to ``naive_attention`` up to rounding.
     """
     q, k, v, out_dtype, _ = check_qkv(q, k, v)  # grouped heads: tiled_attention packs them
-    causal = check_flag(causal, "causal")
+    causal = check_causal(causal) is not None  # self-attention: Nq == Nk, both alignments agree
     return_lse = check_flag(return_lse, "return_lse")
     return_schedule = check_flag(return_schedule, "return_schedule")
     if q.shape[-2] != k.shape[-2]:

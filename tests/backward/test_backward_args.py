@@ -54,11 +54,14 @@ def test_scale_follows_the_cpu_rule(no_cupy, bad):
 @pytest.mark.parametrize("bad", ["False", None, 1, np.int64(0)], ids=repr)
 def test_causal_follows_the_cpu_rule(no_cupy, bad):
     args = _args()
-    with pytest.raises(TypeError) as cpu:
+    error = ValueError if isinstance(bad, str) else TypeError  # a string, but not a spelling
+    with pytest.raises(error) as cpu:
         naive_attention_backward(*args, causal=bad)
-    with pytest.raises(TypeError) as gpu:
+    with pytest.raises(error) as gpu:
         fg.flash_attention_backward(*args, causal=bad)
-    assert str(gpu.value) == str(cpu.value) == f"causal must be a bool, got {type(bad).__name__}"
+    got = repr(bad) if isinstance(bad, str) else type(bad).__name__
+    want = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+    assert str(gpu.value) == str(cpu.value) == want
 
 
 def test_gpu_only_rules_name_the_argument(no_cupy):

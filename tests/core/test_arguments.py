@@ -59,8 +59,30 @@ NOT_BOOLS = ["False", "no", None, 0, 1, 1.0, np.int64(1), [True]]
 @pytest.mark.parametrize("bad", NOT_BOOLS, ids=repr)
 def test_a_flag_that_is_not_a_bool_is_refused(fn, flag, bad):
     q, k, v = qkv()
-    expected = f"{flag} must be a bool, got {type(bad).__name__}"
-    raises(TypeError, lambda: fn(q, k, v, **{flag: bad}), expected)
+    if flag == "causal":  # the causal spellings: bools, "top_left", "bottom_right"
+        error = ValueError if isinstance(bad, str) else TypeError
+        got = repr(bad) if isinstance(bad, str) else type(bad).__name__
+        expected = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+    else:
+        error, expected = TypeError, f"{flag} must be a bool, got {type(bad).__name__}"
+    raises(error, lambda: fn(q, k, v, **{flag: bad}), expected)
+
+
+@by_name
+def test_every_causal_spelling_is_taken_where_it_is_the_computed_mask(fn):
+    """``True`` and ``"top_left"`` are one mask; ``"bottom_right"`` is that mask where
+    ``Nq == Nk`` and is refused, naming the function and the ones that align it, elsewhere."""
+    q, k, v = qkv(Nq=7, Nk=7)
+    want = fn(q, k, v, causal=True)
+    for spelling in ("top_left", "bottom_right", np.True_):
+        np.testing.assert_array_equal(fn(q, k, v, causal=spelling), want)
+    q5, k7, v7 = qkv(Nq=5, Nk=7)
+    np.testing.assert_array_equal(fn(q5, k7, v7, causal="top_left"), fn(q5, k7, v7, causal=True))
+    raises(ValueError, lambda: fn(q5, k7, v7, causal="bottom_right"),
+           "causal='bottom_right'", "(here Nq = 5, Nk = 7)", f"the mask of {fn.__name__} is "
+           "top-left", "paged_attention")  # fmt: skip
+    raises(ValueError, lambda: fn(q5, k7, v7, causal="bottom-right"),
+           "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom-r")  # fmt: skip
 
 
 @by_name

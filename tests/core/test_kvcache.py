@@ -401,19 +401,19 @@ def test_bad_paged_attention_arguments_are_refused_before_any_work():
     expect(
         ValueError,
         lambda: call(q, cache, [s], causal=True),
-        "causal=True aligns the mask top-left",
+        "causal=True is the top-left mask",
+        "the mask of paged_attention is bottom-right",
         "causal='bottom_right'",
     )
     expect(ValueError, lambda: call(q, cache, [s], causal=np.True_), "top-left")
-    expect(
-        ValueError,
-        lambda: call(q, cache, [s], causal="top_left"),
-        "causal must be 'bottom_right' or False, got 'top_left'",
-    )
+    expect(ValueError, lambda: call(q, cache, [s], causal="top_left"),
+           "causal='top_left' is the top-left mask")  # fmt: skip
+    expect(ValueError, lambda: call(q, cache, [s], causal="bottom"),
+           "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom'")  # fmt: skip
     expect(
         TypeError,
         lambda: call(q, cache, [s], causal=None),
-        "causal must be 'bottom_right' or False, got NoneType",
+        "causal must be False, True, 'top_left' or 'bottom_right', got NoneType",
     )
     expect(TypeError, lambda: call(q, cache, [s], causal=0), "got int")
     expect(
@@ -468,3 +468,15 @@ def test_a_big_endian_dtype_is_taken_as_any_input_array_is():
     assert np.array_equal(cache.gather(seq)[0], k.astype(np.float32))
     with pytest.raises(TypeError, match="dtype is '>i4'; expected float16, float32 or float64"):
         PagedKVCache(4, 8, 2, 16, dtype=">i4")
+
+
+def test_paged_attention_takes_every_spelling_of_its_mask():
+    """``"bottom_right"`` (the default) and ``False`` are the two masks it computes; the
+    top-left spellings are refused (``test_bad_paged_attention_arguments_...``)."""
+    cache, s = small_cache()
+    q = np.random.default_rng(1).standard_normal((1, 4, 2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(
+        paged_attention(q, cache, [s], causal="bottom_right"), paged_attention(q, cache, [s])
+    )
+    full = paged_attention(q, cache, [s], causal=np.False_)
+    np.testing.assert_array_equal(full, paged_attention(q, cache, [s], causal=False))

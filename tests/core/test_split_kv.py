@@ -237,7 +237,12 @@ Q, K, V = qkv(np.random.default_rng(0), (), 4, 2, 3, 10, 4, 4)
         (dict(num_splits=None), TypeError, ("num_splits must be an int, got NoneType",)),
         (dict(num_splits=2, return_splits=1), TypeError, ("return_splits must be a bool",)),
         (dict(num_splits=2, return_lse="no"), TypeError, ("return_lse must be a bool",)),
-        (dict(num_splits=2, causal=None), TypeError, ("causal must be a bool",)),
+        (dict(num_splits=2, causal=None), TypeError, ("causal must be False, True",)),
+        (
+            dict(num_splits=2, causal="bottom_right"),
+            ValueError,
+            ("causal='bottom_right'", "Nq = 3, Nk = 10", "split_kv_attention is top-left"),
+        ),
         (dict(num_splits=2, scale=0.0), ValueError, ("scale must be finite and nonzero",)),
         (dict(num_splits=2, mask=np.ones((3, 9), bool)), ValueError, ("mask has shape (3, 9)",)),
     ],

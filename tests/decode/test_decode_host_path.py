@@ -95,7 +95,7 @@ def test_paged_checks_are_kept_and_the_table_is_checked_every_call(counted):
 @pytest.mark.parametrize(
     "kw,error,match",
     [
-        ({"causal": 0}, TypeError, r"causal must be 'bottom_right' or False, got int"),
+        ({"causal": 0}, TypeError, r"causal must be False, True, 'top_left' or 'bottom_right', go"),
         ({"num_splits": 2.0}, TypeError, r"num_splits must be an int"),
         ({"return_lse": 0}, TypeError, r"return_lse must be a bool"),
         ({"version": True}, TypeError, r"version must be an int"),

@@ -111,7 +111,7 @@ def test_selfcheck_and_bench_report_missing_gpu(no_cupy, monkeypatch, tmp_path):
         ({}, _inputs(shape=(1, 2, 16, 80)), ValueError, "head dim d=80"),
         ({}, _inputs(shape=(1, 2, 16, 256), dtype="float32"), ValueError, "head dim d=256"),
         ({}, _inputs("float64"), TypeError, "supports float16, bfloat16, float32"),
-        ({"causal": 1}, _inputs(), TypeError, "causal must be a bool"),
+        ({"causal": 1}, _inputs(), TypeError, "causal must be False, True, 'top_left' or"),
         ({"scale": 0.0}, _inputs(), ValueError, "scale must be finite and nonzero"),
         ({"scale": float("nan")}, _inputs(), ValueError, "scale must be finite"),
         ({"scale": "1"}, _inputs(), TypeError, "scale must be a real number"),
@@ -130,11 +130,17 @@ NOT_BOOLS = ["False", None, 0, 1, 1.0, np.int64(1)]
 @pytest.mark.parametrize("bad", NOT_BOOLS, ids=repr)
 def test_flags_follow_the_cpu_rule(no_cupy, flag, bad):
     q = _inputs()[0]
-    with pytest.raises(TypeError) as cpu:
+    if flag == "causal":  # the causal spellings: bools, "top_left", "bottom_right"
+        error = ValueError if isinstance(bad, str) else TypeError
+        got = repr(bad) if isinstance(bad, str) else type(bad).__name__
+        want = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+    else:
+        error, want = TypeError, f"{flag} must be a bool, got {type(bad).__name__}"
+    with pytest.raises(error) as cpu:
         tiled_attention(q, q, q, **{flag: bad})
-    with pytest.raises(TypeError) as gpu:
+    with pytest.raises(error) as gpu:
         fg.flash_attention(q, q, q, **{flag: bad})
-    assert str(gpu.value) == str(cpu.value) == f"{flag} must be a bool, got {type(bad).__name__}"
+    assert str(gpu.value) == str(cpu.value) == want
 
 
 def test_numpy_bools_pass_the_argument_checks(no_cupy):
@@ -544,3 +550,24 @@ def test_persistent_block_cap_from_the_environment():
     for bad in ("0", "-2", "two", "1.5"):
         with pytest.raises(ValueError, match="FLASHREF_MAX_PERSISTENT_BLOCKS must be an integer"):
             max_persistent_blocks(bad)
+
+
+@pytest.mark.parametrize("call", ["forward", "backward"])
+def test_causal_spellings_on_the_gpu_follow_the_cpu_rule(no_cupy, call):
+    """The kernels mask top-left: ``"top_left"`` passes the checks, ``"bottom_right"`` passes
+    where it is the same mask (``Nq == Nk``) and is refused before any GPU work, naming the
+    kernels, where it is not."""
+    q, k = np.zeros((1, 2, 5, 64), np.float16), np.zeros((1, 2, 7, 64), np.float16)
+
+    def run(q, k, causal):
+        if call == "forward":
+            return fg.flash_attention(q, k, k, causal=causal)
+        lse = np.zeros(q.shape[:-1], np.float32)
+        return fg.flash_attention_backward(q, k, k, q, lse, q, causal=causal)
+
+    name = "flash_attention" if call == "forward" else "flash_attention_backward"
+    with pytest.raises(ValueError, match=rf"Nq = 5, Nk = 7\), and the mask of {name}'s kernels"):
+        run(q, k, "bottom_right")
+    for spelling, keys in (("top_left", k), ("bottom_right", q), (True, k)):
+        with pytest.raises(fg.GPUUnavailableError):  # every check passed: the GPU is next
+            run(q, keys, spelling)

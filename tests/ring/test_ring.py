@@ -461,11 +461,13 @@ def test_queries_and_keys_of_different_lengths():
 @pytest.mark.parametrize("name", ["causal", "return_lse", "return_schedule"])
 @pytest.mark.parametrize("value, type_name", [("yes", "str"), (1, "int"), (None, "NoneType")])
 def test_flags_must_be_bools(name, value, type_name):
-    expect(
-        TypeError,
-        lambda: ring_attention(Q, K, V, world_size=2, **{name: value}),
-        f"{name} must be a bool, got {type_name}",
-    )
+    if name == "causal":  # the causal spellings: bools, "top_left", "bottom_right"
+        error = ValueError if isinstance(value, str) else TypeError
+        got = repr(value) if isinstance(value, str) else type_name
+        want = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+    else:
+        error, want = TypeError, f"{name} must be a bool, got {type_name}"
+    expect(error, lambda: ring_attention(Q, K, V, world_size=2, **{name: value}), want)
 
 
 @pytest.mark.usefixtures("no_work")

@@ -8,11 +8,13 @@
 
 ``q (B, Hq, Nq, d)`` with ``1 <= Nq <= 16`` and ``Hq`` a multiple of ``Hkv`` (grouped-query
 attention: query head ``h`` uses K/V head ``h // (Hq // Hkv)``); float16 or bfloat16 CuPy
-arrays or torch CUDA tensors; ``d`` 64 or 128. ``causal`` is spelled as in
-``flashref.paged_attention``: ``"bottom_right"`` (query ``i`` of a sequence of length ``L``
-sees keys ``j <= i + L - Nq``) or ``False``; ``True`` (top-left) is refused with the same
-message. ``lengths (B,)`` integers give each sequence's number of valid keys (0 allowed: zeros
-and ``lse = -inf``). Arguments are checked before any GPU work, with the messages of the CPU
+arrays or torch CUDA tensors; ``d`` 64 or 128. ``causal`` is spelled as everywhere
+(``flashref._checks.check_causal``); these kernels mask bottom-right (query ``i`` of a
+sequence of length ``L`` sees keys ``j <= i + L - Nq``: the queries are its newest tokens),
+so they take ``"bottom_right"`` or ``False`` and refuse the top-left mask (``True``,
+``"top_left"``), as ``flashref.paged_attention`` does.
+``lengths (B,)`` integers give each sequence's number of valid keys (0 allowed: zeros and
+``lse = -inf``). Arguments are checked before any GPU work, with the messages of the CPU
 functions; ``lengths`` and ``block_table`` are read on the host for that (they are small).
 
 The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key tiles, one
@@ -266,7 +268,9 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
             keys ``0 .. lengths[b] - 1`` (default: all ``Nk``). A host array has every value
             checked; a device array (CuPy, CUDA tensor) is read by the kernel where it is, no
             copy and no synchronisation, its shape and dtype checked and its values not.
-        causal: ``"bottom_right"`` or ``False`` (default), as ``flashref.paged_attention``.
+        causal: ``False`` (default: every key of the sequence, as ``flash_attention``'s
+            default; with ``Nq = 1`` the same as bottom-right) or ``"bottom_right"``; the
+            top-left mask (``True``) is refused.
         scale: default ``1/sqrt(d)``; num_splits: default ``choose_num_splits``.
         return_lse: also return ``lse (B, Hq, Nq)`` in float32.
         version: the kernel version, a key of ``VERSIONS`` (all give the same results), or
@@ -307,7 +311,10 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
             ``block_table[b, t // page_size]``, slot ``t % page_size``; entries past the pages
             in use are not read (``PagedKVCache.block_table`` fills them with -1).
         lengths: integers ``(B,)``, ``0 <= lengths[b] <= max_pages * page_size``.
-        causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``) or ``False``.
+        causal: ``"bottom_right"`` (default, as ``flashref.paged_attention``: a paged cache
+            holds the sequences being generated, and its new queries are their newest
+            tokens, which must not see later ones) or ``False``; the top-left mask
+            (``True``) is refused.
         scale, num_splits, return_lse, version: as ``decode_attention``.
 
     ``block_table`` and ``lengths`` given as device arrays (both) are read by the kernel where

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import check_block, check_flag, check_scale
-from ...kvcache import _check_causal
+from ..._checks import causal_bottom_right, check_block, check_flag, check_scale
 
 MAX_NQ = 16
 HEAD_DIMS = (64, 128)
@@ -121,7 +120,7 @@ def check_lengths(lengths, B: int, limit: int, what: str) -> np.ndarray:
 
 
 def check_common(causal, scale, num_splits, return_lse, d):
-    causal = _check_causal(causal)
+    causal = causal_bottom_right(causal, "the decode kernels")
     check_flag(return_lse, "return_lse")
     if num_splits is not None:
         num_splits = check_block(num_splits, "num_splits")
