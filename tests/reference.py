@@ -324,3 +324,11 @@ def no_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield
+
+
+def causal_refusal(bad) -> tuple[type, str]:
+    """The error every function gives for ``causal=bad``, a value that is none of its
+    spellings: a ValueError for a string, a TypeError for anything else, and the message."""
+    got = repr(bad) if isinstance(bad, str) else type(bad).__name__
+    error = ValueError if isinstance(bad, str) else TypeError
+    return error, f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"

@@ -21,7 +21,6 @@ import cProfile
 import io
 import json
 import pstats
-import time
 from pathlib import Path
 
 from .cli import ArgumentParser
@@ -30,14 +29,12 @@ PROG = "python -m flashref.bench.host_profile"
 TOP = 18  # functions listed per call
 
 
-def _host_us(torch, run, calls: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        run()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+def _host_us(torch, run, calls: int, tries: int = 3) -> float:
+    """The least of ``tries`` host times per call (``CallTimer.host``, as ``bench calls``)."""
+    from .calls import CallTimer
+
+    timer = CallTimer(torch)
+    return min(timer.host(run, calls) for _ in range(tries))
 
 
 def _profile(run, calls: int) -> list[dict]:
@@ -115,8 +112,8 @@ def calls(torch, n: int) -> dict:
     for name, (mine, theirs) in pairs.items():
         mine(), theirs()  # compiled, allocators warm
         row = {
-            "flashref_us": min(_host_us(torch, mine, n) for _ in range(3)),
-            "sdpa_us": min(_host_us(torch, theirs, n) for _ in range(3)),
+            "flashref_us": _host_us(torch, mine, n),
+            "sdpa_us": _host_us(torch, theirs, n),
             "flashref_functions": _profile(mine, n),
         }
         out[name] = row
@@ -162,7 +159,7 @@ def pieces(torch, n: int) -> dict:
         ("torch current raw stream", lambda: torch._C._cuda_getCurrentRawStream(0)),
     ):  # fmt: skip
         run()
-        out[name] = min(_host_us(torch, run, n) for _ in range(3))
+        out[name] = _host_us(torch, run, n)
         print(f"{name:46s} {out[name]:7.2f} us", flush=True)
     return out
 
@@ -209,14 +206,14 @@ def loops(torch, n: int = 50) -> dict:
         step()
         for collect in (True, False):
             (gc.enable if collect else gc.disable)()
-            out[f"adapter step, {name}, gc {'on' if collect else 'off'}, host us"] = min(
-                _host_us(torch, step, 200) for _ in range(3))  # fmt: skip
+            key = f"adapter step, {name}, gc {'on' if collect else 'off'}, host us"
+            out[key] = _host_us(torch, step, 200)
         gc.enable()
         # the backward on the calling thread instead of the autograd engine's device thread
         with torch.autograd.set_multithreading_enabled(False):
             step()
-            out[f"adapter step, {name}, backward on the calling thread, host us"] = min(
-                _host_us(torch, step, 200) for _ in range(3))  # fmt: skip
+            key = f"adapter step, {name}, backward on the calling thread, host us"
+            out[key] = _host_us(torch, step, 200)
     for key, value in out.items():
         print(f"{key:58s} {value:8.1f}", flush=True)
     return out

@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-from reference import assert_close, attention_ref, no_warnings, softmax_ref
+from reference import assert_close, attention_ref, causal_refusal, no_warnings, softmax_ref
 
 from flashref import (
     SoftmaxState,
@@ -60,9 +60,7 @@ NOT_BOOLS = ["False", "no", None, 0, 1, 1.0, np.int64(1), [True]]
 def test_a_flag_that_is_not_a_bool_is_refused(fn, flag, bad):
     q, k, v = qkv()
     if flag == "causal":  # the causal spellings: bools, "top_left", "bottom_right"
-        error = ValueError if isinstance(bad, str) else TypeError
-        got = repr(bad) if isinstance(bad, str) else type(bad).__name__
-        expected = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+        error, expected = causal_refusal(bad)
     else:
         error, expected = TypeError, f"{flag} must be a bool, got {type(bad).__name__}"
     raises(error, lambda: fn(q, k, v, **{flag: bad}), expected)

@@ -14,6 +14,7 @@ import types
 
 import numpy as np
 import pytest
+from reference import causal_refusal
 
 import flashref.gpu as fg
 from flashref import tiled_attention
@@ -131,9 +132,7 @@ NOT_BOOLS = ["False", None, 0, 1, 1.0, np.int64(1)]
 def test_flags_follow_the_cpu_rule(no_cupy, flag, bad):
     q = _inputs()[0]
     if flag == "causal":  # the causal spellings: bools, "top_left", "bottom_right"
-        error = ValueError if isinstance(bad, str) else TypeError
-        got = repr(bad) if isinstance(bad, str) else type(bad).__name__
-        want = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+        error, want = causal_refusal(bad)
     else:
         error, want = TypeError, f"{flag} must be a bool, got {type(bad).__name__}"
     with pytest.raises(error) as cpu:

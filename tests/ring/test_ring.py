@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import assert_close, attention_naive_lowp, attention_ref, no_warnings, rel_error
+from reference import (
+    assert_close,
+    attention_naive_lowp,
+    attention_ref,
+    causal_refusal,
+    no_warnings,
+    rel_error,
+)
 
 import flashref.ring
 from flashref import (
@@ -462,9 +469,7 @@ def test_queries_and_keys_of_different_lengths():
 @pytest.mark.parametrize("value, type_name", [("yes", "str"), (1, "int"), (None, "NoneType")])
 def test_flags_must_be_bools(name, value, type_name):
     if name == "causal":  # the causal spellings: bools, "top_left", "bottom_right"
-        error = ValueError if isinstance(value, str) else TypeError
-        got = repr(value) if isinstance(value, str) else type_name
-        want = f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+        error, want = causal_refusal(value)
     else:
         error, want = TypeError, f"{name} must be a bool, got {type_name}"
     expect(error, lambda: ring_attention(Q, K, V, world_size=2, **{name: value}), want)
