@@ -131,18 +131,29 @@ def _randn(torch, shape, dtype, gen):
 # -- host time -------------------------------------------------------------------------------
 
 
+def host_inputs(torch):
+    """The host rows' inputs at ``HOST_SHAPE`` (fp16): ``(gen, q, k, v, dO, O, lse, qg, kg, vg,
+    O_s)``, the forward's ``O`` and ``lse`` of q, k, v, leaf copies ``qg, kg, vg`` that require
+    grad, and SDPA's output ``O_s`` of those (a graph to call the backward on); ``gen`` the
+    generator, for more inputs."""
+    import flashref.gpu as fg
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, H, N, d = HOST_SHAPE
+    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
+    O, lse = fg.flash_attention(q, k, v, return_lse=True)
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    return gen, q, k, v, dO, O, lse, qg, kg, vg, _sdpa(torch)(qg, kg, vg)
+
+
 def host_times(torch, timer) -> list[dict]:
     """Host microseconds per call of each entry point beside SDPA's equivalent."""
     import flashref.gpu as fg
     import flashref.torch as ft
 
     sdpa = _sdpa(torch)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen, q, k, v, dO, O, lse, qg, kg, vg, O_s = host_inputs(torch)
     B, H, N, d = HOST_SHAPE
-    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
-    O, lse = fg.flash_attention(q, k, v, return_lse=True)
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    O_s = sdpa(qg, kg, vg)
     rows = []
 
     def row(what, flashref_run, baselines, note=""):

@@ -75,15 +75,10 @@ def calls(torch, n: int) -> dict:
     import flashref.gpu as fg
     import flashref.torch as ft
 
-    from .calls import DECODE_HOST, HOST_SHAPE, _randn
+    from .calls import DECODE_HOST, _randn, host_inputs
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    B, H, N, d = HOST_SHAPE
-    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
-    O, lse = fg.flash_attention(q, k, v, return_lse=True)
-    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-    O_s = sdpa(qg, kg, vg)
+    gen, q, k, v, dO, O, lse, qg, kg, vg, O_s = host_inputs(torch)
     O_a = ft.attention(qg, kg, vg)
     Bd, Hq, Hkv, Nk, dd = DECODE_HOST
     decode = {}
