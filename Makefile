@@ -70,13 +70,14 @@ test: lint unit notebooks notebooks-other-blas book browser
 
 # On a machine with an NVIDIA GPU: installs CuPy for your driver's CUDA major version into
 # .venv (CUDA=12 or CUDA=13; `nvidia-smi` prints it), then runs the GPU tests, the nvcc
-# compile checks, strict nbval of the GPU chapter, and the GPU benchmark, which rewrites
-# results/gpu_bench.json (the chapter's table and plots read it).
+# compile checks, strict nbval of every chapter (here the cells tagged gpu run too: those of
+# chapters 5 and 7 to 11), and the GPU benchmark, which rewrites results/gpu_bench.json (the
+# chapters' tables and plots read it).
 CUDA ?= 12
 test-gpu: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[cuda$(CUDA)]'
 	$(BIN)/python -m pytest -m "gpu or nvcc" tests/
-	$(BIN)/python -m pytest $(NBVAL) notebooks/05_gpu_kernels.ipynb
+	$(BIN)/python -m pytest $(NBVAL) notebooks/
 	$(BIN)/python -m flashref.bench gpu
 
 bench-cpu: $(STAMP)
