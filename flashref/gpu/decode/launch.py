@@ -172,11 +172,11 @@ class DirectDecode:
         len_p = 0 if lengths is None else b.ptr(lengths)  # null: every length is page_size
         split_args = (qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, *self.consts, *maps)
         combine_args = (Opart, Lpart, Op, Lp, *self.combine_ints)
-        if self.launchers is None:
-            self.launchers = (_host.launcher(split_fn, split_args),
-                              _host.launcher(combine_fn, combine_args))  # fmt: skip
-        split, combine = self.launchers
-        with _host.device_scope(self.cp, self.device):
+        with _host.device_scope(self.cp, self.device):  # the kernels are this device's
+            if self.launchers is None:
+                self.launchers = (_host.launcher(split_fn, split_args),
+                                  _host.launcher(combine_fn, combine_args))  # fmt: skip
+            split, combine = self.launchers
             split(self.grid, self.block, plan.smem_bytes, stream, split_args)
             if self.S > 1:
                 combine(self.combine_grid, (128, 1, 1), 0, stream, combine_args)
