@@ -177,13 +177,6 @@ class PagedKVCache:
         return K.reshape(Hkv, -1, self.head_dim)[:, :L], V.reshape(Hkv, -1, self.head_dim_v)[:, :L]
 
 
-def _check_causal(causal, where: str = "paged_attention") -> bool:
-    """Whether to mask: ``"bottom_right"`` (the default of the cache's functions) or ``False``;
-    ``True`` and ``"top_left"`` would hide most of the cache from the new tokens
-    (``_checks.causal_bottom_right``)."""
-    return causal_bottom_right(causal, where)
-
-
 def paged_attention(q, cache, seqs, *, causal="bottom_right", scale=None, return_lse=False):
     """Attention of ``Nq`` new queries per sequence to the sequences' cached keys and values.
 
@@ -201,7 +194,7 @@ def paged_attention(q, cache, seqs, *, causal="bottom_right", scale=None, return
     sees no key (a sequence of length 0, or ``L < Nq`` bottom-right) gets zeros and
     ``lse = -inf``.
     """
-    causal = _check_causal(causal)
+    causal = causal_bottom_right(causal, "paged_attention")  # top-left would hide the cache
     check_flag(return_lse, "return_lse")
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")

@@ -15,8 +15,7 @@ Every GPU entry point takes CuPy arrays or torch CUDA tensors. What it does with
   (``Torch.view``: address, shape, strides and dtype, a few microseconds), and a kernel takes
   the address itself as an int. ``torch.from_dlpack`` and ``cupy.from_dlpack`` query devices
   and streams on every call, which costs tens of microseconds a tensor.
-* **Streams as addresses.** A kernel is launched on the stream's handle (``stream_ptr``); a
-  CuPy launch takes it as an object whose ``ptr`` is the handle (``Stream``), kept per handle.
+* **Streams as addresses.** A kernel is launched on the stream's handle (``stream_ptr``).
 * **Launches through the driver.** A planned call launches with ``launcher``: the kernel's
   ``cuLaunchKernel`` through ``ctypes`` (``flashref.gpu._driver.Launcher``), its argument kinds
   read from the first call's values, instead of ``RawKernel.__call__``'s conversions.
@@ -31,25 +30,6 @@ import contextlib
 import numpy as np
 
 from ._runtime import _is_torch as is_torch
-
-
-class Stream:
-    """What ``cupy.cuda.Function.__call__(..., stream=)`` reads: the handle, as ``ptr``."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-
-_streams: dict[int, Stream] = {}
-
-
-def stream_of(ptr: int) -> Stream:
-    s = _streams.get(ptr)
-    if s is None:
-        s = _streams[ptr] = Stream(ptr)
-    return s
 
 
 def signature(arrays, scalars):
@@ -123,9 +103,6 @@ class CuPy:
         self.cp = cp
         self.device = None  # CuPy's current device
 
-    def stream(self):
-        return self.cp.cuda.get_current_stream()
-
     def stream_ptr(self) -> int:
         return self.cp.cuda.get_current_stream().ptr
 
@@ -168,9 +145,6 @@ class Torch:
         self._torch_dtype = {v: k for k, v in self._np.items()}
         self._torch_dtype.update({"float16": torch.float16, "float32": torch.float32,
                                   "bfloat16": torch.bfloat16, "int32": torch.int32})  # fmt: skip
-
-    def stream(self) -> Stream:
-        return stream_of(self._raw_stream(self.device))
 
     def stream_ptr(self) -> int:
         return self._raw_stream(self.device)
