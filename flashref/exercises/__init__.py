@@ -42,6 +42,11 @@ _CHECKERS = {
     "check_combine_splits": "decode",
     "check_gqa_heads": "decode",
     "check_paged_gather": "decode",
+    "check_wgmma_accumulator": "hopper",
+    "check_swizzle_offset": "hopper",
+    "check_ring_parity": "hopper",
+    "check_producer_wait": "hopper",
+    "check_wait_group": "hopper",
 }
 
 __all__ = ["CheckResult", "Failure", *_CHECKERS]
