@@ -7,6 +7,10 @@ element of the first ``cols`` columns of a ``wgmma`` m64nNk16 accumulator: one h
 warp (rows 16 w .. 16 w + 15), lighter as the lane's group g = lane // 4 grows.
 ``draw_pingpong(n_tiles, n_mine, stages)``: version 21's and version 23's consumer
 warpgroups as a timeline of their products and softmaxes, from ``flashref.gpu.models.pingpong``.
+``draw_overlap()``: version 20's loop above version 21's, one consumer warpgroup and the tensor
+cores (``overlap_timeline``: a schematic with made-up durations, labelled so on the figure).
+``draw_ring(n_tiles, stages)``: the producer's copies, each stage's tile and both consumer
+warpgroups in the pingpong model's order of events (``ring_boxes``).
 
 matplotlib is imported inside the functions, as in ``flashref.gpu.models.fragment_figures``;
 each returns a pyplot figure 8 inches wide at 100 dpi (800 pixels, the book's page).
@@ -184,4 +188,167 @@ def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stage
     fig.text(0.98, 0.02, "steps of the model: order of events, not time \u2192", ha="right",
              fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, (0.1 + 0.24 * len(handles)) / height, 1, 1))
+    return fig
+
+
+# ------------------------------------------------------------ version 21's overlap (schematic)
+
+
+def overlap_timeline(
+    n_tiles: int = 4,
+    t_qk: float = 1.0,
+    t_pv: float = 1.0,
+    t_softmax: float = 1.4,
+    overlap: bool = True,
+) -> list[tuple]:
+    """(lane, start, end, label) boxes of one consumer warpgroup over ``n_tiles`` key tiles,
+    in made-up time units (the durations are arguments, not measurements).
+
+    Lanes: "tensor" (the warpgroup's products on the tensor cores, one at a time, in the order
+    issued) and "warps" (its softmax). ``overlap=False`` is version 20's loop: S_j, wait, its
+    softmax, P_j V_j, wait. ``overlap=True`` is version 21's: S_j and O += P_{j-1} V_{j-1}
+    issued together, ``wait_group 1`` for S_j alone, the softmax of S_j while P_{j-1} V_{j-1}
+    runs, then ``wait_group 0``.
+    """
+    from .hopper import _int
+
+    n_tiles = _int(n_tiles, "n_tiles", 1)
+    for name, x in (("t_qk", t_qk), ("t_pv", t_pv), ("t_softmax", t_softmax)):
+        if not (isinstance(x, int | float) and x > 0):
+            raise ValueError(f"{name} must be a positive number, got {x!r}")
+    boxes, now = [], 0.0
+    if not overlap:
+        for j in range(n_tiles):
+            boxes.append(("tensor", now, now + t_qk, f"S{j}"))
+            boxes.append(("warps", now + t_qk, now + t_qk + t_softmax, f"softmax {j}"))
+            start = now + t_qk + t_softmax
+            boxes.append(("tensor", start, start + t_pv, f"PV{j}"))
+            now = start + t_pv
+        return boxes
+    boxes.append(("tensor", 0.0, t_qk, "S0"))  # tile 0: S_0 and its softmax alone
+    boxes.append(("warps", t_qk, t_qk + t_softmax, "softmax 0"))
+    now = t_qk + t_softmax
+    for j in range(1, n_tiles):
+        boxes.append(("tensor", now, now + t_qk, f"S{j}"))  # group 1
+        boxes.append(("tensor", now + t_qk, now + t_qk + t_pv, f"PV{j - 1}"))  # group 2
+        boxes.append(("warps", now + t_qk, now + t_qk + t_softmax, f"softmax {j}"))  # wait<1>
+        now += t_qk + max(t_pv, t_softmax)  # wait<0>
+    boxes.append(("tensor", now, now + t_pv, f"PV{n_tiles - 1}"))  # the last P V alone
+    return boxes
+
+
+def draw_overlap(n_tiles: int = 4, t_qk: float = 1.0, t_pv: float = 1.0, t_softmax: float = 1.4):
+    """Version 20's loop above version 21's, from ``overlap_timeline``: a schematic (made-up
+    durations, said on the figure), one consumer warpgroup and the tensor cores it feeds."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    panels = [
+        ("version 20: each product waited for before the softmax goes on", False),
+        ("version 21: P V of tile j - 1 runs while the softmax of tile j is computed", True),
+    ]
+    timelines = [overlap_timeline(n_tiles, t_qk, t_pv, t_softmax, o) for _, o in panels]
+    end = max(b[2] for bs in timelines for b in bs)
+    colours = {"S": "#1f77b4", "P": "#2ca02c", "s": "#ff7f0e"}
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH_IN, 3.6), dpi=DPI, sharex=True)
+    for ax, (title, _), bs in zip(axes, panels, timelines, strict=True):
+        for lane, t0, t1, label in bs:
+            y = 0 if lane == "tensor" else 1
+            ax.add_patch(Rectangle((t0, y + 0.1), t1 - t0, 0.8, facecolor=colours[label[0]],
+                                   edgecolor="black", lw=0.5))  # fmt: skip
+            text = label.replace("softmax ", "sm ") if t1 - t0 < 1.2 else label
+            ax.text((t0 + t1) / 2, y + 0.5, text, ha="center", va="center", fontsize=9,
+                    color="white" if label[0] in "SP" else "black")  # fmt: skip
+        ax.set_yticks([0.5, 1.5], ["tensor cores", "warps: softmax"], fontsize=9)
+        ax.set_ylim(2, 0)
+        ax.set_xlim(0, end * 1.01)
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.tick_params(axis="x", labelsize=9)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[1].set_xlabel(
+        f"schematic time: S and P V take {t_qk:g} and {t_pv:g} units, a softmax "
+        f"{t_softmax:g} (not measured)", fontsize=9)  # fmt: skip
+    handles = [Patch(facecolor=colours["S"], label="$S_j = Q K_j^T$"),
+               Patch(facecolor=colours["P"], label="$O$ += $P_j V_j$"),
+               Patch(facecolor=colours["s"], label="softmax of $S_j$")]  # fmt: skip
+    fig.legend(handles=handles, loc="upper right", ncol=3, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+# --------------------------------------------------------- the producer / consumer ring
+
+
+def ring_boxes(n_tiles: int = 6, stages: int = 3, program=None) -> list[tuple]:
+    """(row, first column, last column, label) of each box of the ring's timeline, from
+    ``pingpong.run``'s events (version 21's consumers by default: ``without_turns()``).
+
+    Rows: "producer" (the TMA copy of tile j issued), "stage s" (tile j held from its copy's
+    issue to its release by the last warpgroup), "warpgroup 0/1" (its products, "S_j, PV_j-1",
+    and its softmax). Columns number the model's steps that hold an event, in order."""
+    from . import pingpong as pp
+
+    program = pp.without_turns() if program is None else program
+    events = pp.run(n_tiles, (n_tiles, n_tiles), stages, program=program)
+    steps = sorted({e.step for e in events})
+    col = {s: i for i, s in enumerate(steps)}
+    boxes, loaded, released = [], {}, {}
+    for e in events:
+        c = col[e.step]
+        if e.who == "producer":
+            loaded[e.op[1]] = c
+            boxes.append(("producer", c, c, f"copy {e.op[1]}"))
+        elif e.op[0] == "gemm":
+            j, k = e.op[1], e.op[2]
+            parts = ([f"S{j}"] if j is not None else []) + ([f"PV{k}"] if k is not None else [])
+            boxes.append((f"warpgroup {e.who}", c, c, " ".join(parts)))
+        elif e.op[0] == "softmax":
+            boxes.append((f"warpgroup {e.who}", c, c, f"softmax {e.op[1]}"))
+        elif e.op[0] == "release":
+            released[e.op[1]] = max(released.get(e.op[1], c), c)
+    for j, c0 in loaded.items():
+        boxes.append((f"stage {j % stages}", c0, released[j], f"K/V {j}"))
+    merged = {}  # copies issued in one step: one box
+    for b in boxes:
+        if b[0] == "producer":
+            merged.setdefault(b[1], []).append(b[3].split()[1])
+    others = [b for b in boxes if b[0] != "producer"]
+    copies = [("producer", c, c, "copy " + (js[0] if len(js) == 1 else f"{js[0]}-{js[-1]}"))
+              for c, js in merged.items()]  # fmt: skip
+    return copies + others
+
+
+def draw_ring(n_tiles: int = 6, stages: int = 3):
+    """The producer's copies, the ring's stages and both consumer warpgroups, from
+    ``ring_boxes``: the order of events of the pingpong model, not a measured time."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    boxes = ring_boxes(n_tiles, stages)
+    rows = ["producer", *(f"stage {s}" for s in range(stages)), "warpgroup 0", "warpgroup 1"]
+    cols = max(b[2] for b in boxes) + 1
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.5 * len(rows) + 1.1), dpi=DPI)
+    palette = plt.get_cmap("tab10").colors
+    for row, c0, c1, label in boxes:
+        y = rows.index(row)
+        if row.startswith("stage"):
+            colour = palette[int(label.split()[1]) % 10]
+        else:
+            colour = {"c": "#c7c7c7", "s": "#ff7f0e"}.get(label[0], "#1f77b4")
+        ax.add_patch(Rectangle((c0 + 0.04, y + 0.08), c1 - c0 + 0.92, 0.84, facecolor=colour,
+                               edgecolor="black", lw=0.5, alpha=0.85))  # fmt: skip
+        text = label.replace("softmax ", "sm\n").replace(" PV", "\nPV").replace("copy ", "copy\n")
+        ax.text((c0 + c1 + 1) / 2, y + 0.5, text, ha="center", va="center", fontsize=7.5,
+                linespacing=1.0)  # fmt: skip
+    ax.set_yticks([y + 0.5 for y in range(len(rows))], rows, fontsize=9)
+    ax.set_xticks([])
+    ax.set_xlim(0, cols)
+    ax.set_ylim(len(rows), 0)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_xlabel("steps of the model: the order of events, not time \u2192", fontsize=9)
+    ax.set_title(f"{n_tiles} K/V tiles through a ring of {stages} stages (version 21's "
+                 "consumers; sm = softmax)", fontsize=10, loc="left")  # fmt: skip
+    fig.tight_layout()
     return fig

@@ -1,0 +1,92 @@
+"""Pieces of the CUDA sources, as the book prints them: a header's sections, a function, and
+the hunks of a kernel diff that touch what a section of a chapter is about.
+
+``section(path, heading)``: the lines of a section of a header such as
+``kernels/common/hopper_common.cuh``, from its ``// ---- heading`` line up to the next
+``// ----`` line. ``function(path, name)``: one function's definition with the comment
+lines above it. ``hunks(diff, *words)``: the hunks of a diff made by
+``flashref.gpu.forward_versions.kernel_diff`` (or any unified diff) that contain one of
+``words``, with its two header lines and a last line that counts what was left out.
+
+Paths are relative to ``flashref/kernels`` (``KERNEL_DIR``) or absolute. The text is read
+from the files each time, so a chapter prints what the sources hold today.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .registry import KERNEL_DIR
+
+__all__ = ["section", "function", "hunks"]
+
+SECTION = "// ----"
+
+
+def _read(path) -> list[str]:
+    p = Path(path)
+    if not p.is_absolute():
+        p = KERNEL_DIR / p
+    if not p.is_file():
+        raise FileNotFoundError(f"path must name a file under {KERNEL_DIR} or a file, got {path}")
+    return p.read_text().splitlines()
+
+
+def section(path, heading: str) -> str:
+    """The section of header ``path`` whose ``// ---- `` line starts with ``heading``."""
+    lines = _read(path)
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith(f"{SECTION} {heading}")), None)  # fmt: skip
+    if start is None:
+        found = [line[len(SECTION) :].strip(" -") for line in lines if line.startswith(SECTION)]
+        raise ValueError(f"no section {heading!r} in {path}; its sections: {found}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(SECTION)),
+               len(lines))  # fmt: skip
+    body = lines[start:end]
+    while body and not body[-1].strip():
+        body.pop()
+    return "\n".join(body)
+
+
+def function(path, name: str) -> str:
+    """The definition of function ``name`` in ``path`` (the first one), from the comment lines
+    right above it to its closing brace."""
+    lines = _read(path)
+    pattern = re.compile(rf"\b{re.escape(name)}\s*\(")
+    start = next((i for i, line in enumerate(lines)
+                  if pattern.search(line) and not line.lstrip().startswith("//")
+                  and not line.rstrip().endswith(";")), None)  # fmt: skip
+    if start is None:
+        raise ValueError(f"no function {name!r} in {path}")
+    first = start
+    while first > 0 and lines[first - 1].lstrip().startswith(("//", "template")):
+        first -= 1
+    depth, seen = 0, False
+    for end in range(start, len(lines)):
+        code = lines[end].split("//", 1)[0]
+        depth += code.count("{") - code.count("}")
+        seen = seen or "{" in code
+        if seen and depth == 0:
+            return "\n".join(lines[first : end + 1])
+    raise ValueError(f"function {name!r} in {path} has no closing brace")
+
+
+def hunks(diff: str, *words: str) -> str:
+    """The hunks of ``diff`` that contain one of ``words``, its header lines first; a last
+    line counts the hunks left out (none when every hunk is kept)."""
+    if not words:
+        raise ValueError("words must name at least one word to look for")
+    head, parts = [], []
+    for line in diff.splitlines():
+        if line.startswith("@@"):
+            parts.append([line])
+        elif parts:
+            parts[-1].append(line)
+        else:
+            head.append(line)
+    kept = [p for p in parts if any(w in line for line in p[1:] for w in words)]
+    out = head + [line for p in kept for line in p]
+    if len(kept) < len(parts):
+        out.append(f"... {len(parts) - len(kept)} more of the {len(parts)} hunks in the full diff")
+    return "\n".join(out)
