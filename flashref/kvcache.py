@@ -45,6 +45,103 @@ class CacheFullError(RuntimeError):
     """``append`` needs more pages than the pool has free."""
 
 
+class PageTable:
+    """The host's bookkeeping of a paged cache: a free list of pages, and each sequence's
+    block table and length. It allocates and frees; it holds no keys or values, so the CPU
+    cache (``PagedKVCache``) and the GPU one (``flashref.gpu.DevicePagedKVCache``) share it.
+
+    Args:
+        num_pages: pages in the pool; page_size: tokens per page.
+
+    Attributes:
+        block_tables: ``{seq: [page, ...]}``; lengths: ``{seq: tokens}`` (to read).
+    """
+
+    def __init__(self, num_pages, page_size):
+        self.num_pages = check_block(num_pages, "num_pages")
+        self.page_size = check_block(page_size, "page_size")
+        self.block_tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+        self._free = list(range(self.num_pages))  # handed out from the front, returned at the back
+        self._next_seq = 0
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def new_sequence(self) -> int:
+        """Start an empty sequence (length 0, no pages); returns its id."""
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        self.block_tables[seq], self.lengths[seq] = [], 0
+        return seq
+
+    def check_seq(self, seq, name: str = "seq") -> int:
+        """``seq`` as an int, after checking it is a live sequence of this table."""
+        if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, numbers.Integral):
+            raise TypeError(f"{name} must be an int (a sequence id), got {type(seq).__name__}")
+        if int(seq) not in self.lengths:
+            raise ValueError(
+                f"{name} {seq} is not a sequence of this cache (its sequences: "
+                f"{sorted(self.lengths)}); start one with new_sequence()"
+            )
+        return int(seq)
+
+    def pages_needed(self, seq: int, new: int) -> int:
+        """New pages sequence ``seq`` (checked) needs to hold ``new`` tokens past its length."""
+        tokens = self.lengths[seq] + new
+        return max(0, -(-tokens // self.page_size) - len(self.block_tables[seq]))
+
+    def check_room(self, needs) -> None:
+        """``CacheFullError`` unless the free pages cover ``needs``: ``{seq: new tokens}``
+        (tokens past the sequence's length). Nothing changes either way."""
+        needed = {s: self.pages_needed(s, t) for s, t in needs.items()}
+        total = sum(needed.values())
+        if total > len(self._free):
+            s = max(needed, key=needed.get)
+            raise CacheFullError(
+                f"the cache is full: sequence {s} ({self.lengths[s]} tokens) needs "
+                f"{needed[s]} more pages of {self.page_size} tokens for {needs[s]} new ones"
+                + (f" ({total} for the {len(needed)} sequences of the step)" if len(needed) > 1
+                   else "")
+                + f", but {len(self._free)} of {self.num_pages} are free; free a finished "
+                "sequence or make a larger cache"
+            )  # fmt: skip
+
+    def reserve(self, needs) -> dict:
+        """Give each sequence of ``needs`` (``{seq: new tokens}``, checked ids) the pages to
+        hold that many tokens past its length, all or nothing (``check_room``); lengths do
+        not change.
+        Returns ``{seq: index of its first new page in its block table}`` for those that got
+        pages."""
+        self.check_room(needs)
+        first = {}
+        for s, tokens in needs.items():
+            n = self.pages_needed(s, tokens)
+            if n:
+                first[s] = len(self.block_tables[s])
+                self.block_tables[s] += [self._free.pop(0) for _ in range(n)]
+        return first
+
+    def free(self, seq) -> None:
+        """End sequence ``seq``: its pages go back to the pool, its id is no longer valid."""
+        seq = self.check_seq(seq)
+        self._free += self.block_tables.pop(seq)
+        del self.lengths[seq]
+
+    def table(self, seqs, width=None):
+        """``(block_table (B, width) int64 padded with -1, lengths (B,) int64)`` of ``seqs``
+        (ids, checked; repeats allowed); ``width`` default: the longest table."""
+        if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__"):
+            raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
+        seqs = [self.check_seq(s, f"seqs[{i}]") for i, s in enumerate(seqs)]
+        if width is None:
+            width = max((len(self.block_tables[s]) for s in seqs), default=0)
+        table = np.full((len(seqs), width), -1, dtype=np.int64)  # (B, max_pages)
+        for b, s in enumerate(seqs):
+            table[b, : len(self.block_tables[s])] = self.block_tables[s]
+        return table, np.array([self.lengths[s] for s in seqs], dtype=np.int64)  # (B,)
+
+
 class PagedKVCache:
     """A pool of K/V pages, a block table and a length per sequence.
 
@@ -57,13 +154,14 @@ class PagedKVCache:
         k_pages, v_pages: the pools, ``(num_pages, Hkv, page_size, d / dv)``.
         block_tables: ``{seq: [page, ...]}``; lengths: ``{seq: tokens}``, per sequence
             (to read: ``append`` and ``free`` keep them consistent with the pool).
+        pages: the ``PageTable`` that holds them.
     """
 
     def __init__(
         self, num_pages, page_size, num_kv_heads, head_dim, head_dim_v=None, *, dtype=np.float32
     ):
-        num_pages = check_block(num_pages, "num_pages")
-        self.page_size = check_block(page_size, "page_size")
+        self.pages = PageTable(num_pages, page_size)
+        self.page_size = self.pages.page_size
         self.num_kv_heads = check_block(num_kv_heads, "num_kv_heads")
         self.head_dim = check_block(head_dim, "head_dim")
         dv = head_dim if head_dim_v is None else head_dim_v
@@ -76,37 +174,29 @@ class PagedKVCache:
             self.dtype = self.dtype.newbyteorder("=")  # as every input array is (as_float_array)
         if self.dtype is None or self.dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype is {dtype!r}; expected float16, float32 or float64")
-        shape = (num_pages, self.num_kv_heads, self.page_size)
+        shape = (self.pages.num_pages, self.num_kv_heads, self.page_size)
         self.k_pages = np.zeros(shape + (self.head_dim,), self.dtype)  # (P, Hkv, ps, d)
         self.v_pages = np.zeros(shape + (self.head_dim_v,), self.dtype)  # (P, Hkv, ps, dv)
-        self.block_tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
-        self._free = list(range(num_pages))  # handed out from the front, returned at the back
-        self._next_seq = 0
+
+    @property
+    def block_tables(self) -> dict[int, list[int]]:
+        return self.pages.block_tables
+
+    @property
+    def lengths(self) -> dict[int, int]:
+        return self.pages.lengths
 
     @property
     def num_pages(self) -> int:
-        return self.k_pages.shape[0]
+        return self.pages.num_pages
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free)
+        return self.pages.num_free_pages
 
     def new_sequence(self) -> int:
         """Start an empty sequence (length 0, no pages); returns its id."""
-        seq, self._next_seq = self._next_seq, self._next_seq + 1
-        self.block_tables[seq], self.lengths[seq] = [], 0
-        return seq
-
-    def _check_seq(self, seq, name: str = "seq") -> int:
-        if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, numbers.Integral):
-            raise TypeError(f"{name} must be an int (a sequence id), got {type(seq).__name__}")
-        if int(seq) not in self.lengths:
-            raise ValueError(
-                f"{name} {seq} is not a sequence of this cache (its sequences: "
-                f"{sorted(self.lengths)}); start one with new_sequence()"
-            )
-        return int(seq)
+        return self.pages.new_sequence()
 
     def append(self, seq, k_new, v_new) -> None:
         """Add ``n`` tokens to sequence ``seq``: ``k_new (Hkv, n, d)``, ``v_new (Hkv, n, dv)``.
@@ -115,7 +205,7 @@ class PagedKVCache:
         is checked first; when the pool has too few free pages, ``CacheFullError`` is
         raised and nothing is written.
         """
-        seq = self._check_seq(seq)
+        seq = self.pages.check_seq(seq)
         k_new, v_new = as_float_array(k_new, "k_new"), as_float_array(v_new, "v_new")
         Hkv, ps = self.num_kv_heads, self.page_size
         for name, x, w in (("k_new", k_new, self.head_dim), ("v_new", v_new, self.head_dim_v)):
@@ -130,15 +220,9 @@ class PagedKVCache:
                 )
         if v_new.shape[1] != k_new.shape[1]:
             raise ValueError(f"v_new has {v_new.shape[1]} tokens but k_new has {k_new.shape[1]}")
-        table, start, n = self.block_tables[seq], self.lengths[seq], k_new.shape[1]
-        needed = -(-(start + n) // ps) - len(table)  # new pages: ceil((start + n) / ps) - held
-        if needed > len(self._free):
-            raise CacheFullError(
-                f"the cache is full: sequence {seq} ({start} tokens) needs {needed} more pages "
-                f"of {ps} tokens for {n} new ones, but {len(self._free)} of {self.num_pages} are "
-                "free; free a finished sequence or make a larger cache"
-            )
-        table += [self._free.pop(0) for _ in range(needed)]
+        start, n = self.lengths[seq], k_new.shape[1]
+        self.pages.reserve({seq: n})  # CacheFullError before anything changes
+        table = self.block_tables[seq]
         for t0 in range(start - start % ps, start + n, ps):  # each page the new tokens touch
             lo, hi = max(t0, start), min(t0 + ps, start + n)  # positions it receives
             page = table[t0 // ps]
@@ -148,9 +232,7 @@ class PagedKVCache:
 
     def free(self, seq) -> None:
         """End sequence ``seq``: its pages go back to the pool, its id is no longer valid."""
-        seq = self._check_seq(seq)
-        self._free += self.block_tables.pop(seq)
-        del self.lengths[seq]
+        self.pages.free(seq)
 
     def block_table(self, seqs):
         """The block tables of ``seqs`` as one array, as a GPU kernel takes them.
@@ -158,18 +240,11 @@ class PagedKVCache:
         Returns ``block_table (B, max_pages)`` (int64, unused entries -1) and
         ``lengths (B,)`` (int64). ``seqs`` is a sequence of ids (repeats allowed).
         """
-        if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__"):
-            raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
-        seqs = [self._check_seq(s, f"seqs[{i}]") for i, s in enumerate(seqs)]
-        width = max((len(self.block_tables[s]) for s in seqs), default=0)
-        table = np.full((len(seqs), width), -1, dtype=np.int64)  # (B, max_pages)
-        for b, s in enumerate(seqs):
-            table[b, : len(self.block_tables[s])] = self.block_tables[s]
-        return table, np.array([self.lengths[s] for s in seqs], dtype=np.int64)  # (B,)
+        return self.pages.table(seqs)
 
     def gather(self, seq):
         """Sequence ``seq``'s keys and values, contiguous: ``(Hkv, L, d)``, ``(Hkv, L, dv)``."""
-        seq = self._check_seq(seq)
+        seq = self.pages.check_seq(seq)
         pages = np.asarray(self.block_tables[seq], dtype=np.intp)  # (n_pages,)
         L, Hkv = self.lengths[seq], self.num_kv_heads
         K = np.moveaxis(self.k_pages[pages], 0, 1)  # (Hkv, n_pages, page_size, d), a copy

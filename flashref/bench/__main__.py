@@ -1,4 +1,4 @@
-"""Entry point: ``python -m flashref.bench {cpu,gpu,decode,calls,profile,roofs} [options]``."""
+"""Entry point: ``python -m flashref.bench {cpu,gpu,decode,serving,calls,profile,roofs} ...``."""
 
 from __future__ import annotations
 
@@ -8,19 +8,24 @@ import sys
 from . import cli
 
 # subcommand -> the module under flashref.bench whose main() runs it
-MODULES = {"cpu": "cpu", "gpu": "forward", "decode": "decode", "calls": "calls",
+MODULES = {"cpu": "cpu", "gpu": "forward", "decode": "decode", "serving": "serving",
+           "calls": "calls",
            "profile": "profile.main", "roofs": "roofs"}  # fmt: skip
 TARGETS = {
     "cpu": "naive vs tiled NumPy attention: time and peak memory",
     "gpu": "every CUDA kernel version vs naive CuPy and torch SDPA backends",
     "decode": "the split-KV decode kernels (contiguous, paged) vs SDPA: GB/s of K/V read",
+    "serving": "the paged cache on the GPU, replayed: paged decode vs cuDNN, appends vs copy_",
     "calls": "the public calls vs SDPA's: host time, one call, back to back, graphs, compile",
     "profile": "Nsight Compute counters for every version, and the bytes attention moves",
     "roofs": "the GPU's measured ceilings: mma.sync and wgmma peaks, L2 and HBM bandwidth",
 }
 
 
-USAGE = "usage: python -m flashref.bench {cpu,gpu,decode,calls,profile,roofs} [--help] [options]"
+USAGE = (
+    "usage: python -m flashref.bench {cpu,gpu,decode,serving,calls,profile,roofs} [--help] "
+    "[options]"
+)
 MORE = (
     "python -m flashref.bench SUBCOMMAND --help shows a subcommand's options and defaults.\n"
     "Exit codes: 0 done, 1 a check failed, 2 a bad argument, 3 something the command needs\n"

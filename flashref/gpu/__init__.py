@@ -24,6 +24,8 @@ from ._runtime import DTYPES, GPUUnavailableError, available, gpu_unavailable_re
 from .backward import flash_attention_backward
 from .backward_versions import BWD_VERSIONS, BwdVersion
 from .decode import (
+    DevicePagedKVCache,
+    PagedDecodePlan,
     cache_decode_attention,
     choose_num_splits,
     decode_attention,
@@ -45,6 +47,8 @@ __all__ = [
     "VERSIONS",
     "Version",
     "available",
+    "DevicePagedKVCache",
+    "PagedDecodePlan",
     "cache_decode_attention",
     "choose_num_splits",
     "decode_attention",

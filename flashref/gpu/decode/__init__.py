@@ -9,6 +9,9 @@ its own module:
   their launch constants and the default (``default_decode_version``);
 * ``checks``: the argument checks, with the messages of the CPU functions; ``check_memo``
   keeps them per call signature;
+* ``plan``: ``PagedDecodePlan``, a paged call checked and planned once, then run (and
+  replayed from a CUDA graph) with no host work but the launch;
+* ``cache``: ``DevicePagedKVCache``, the paged cache on the GPU, its appends on the device;
 * ``launch``: the launch itself; ``workspace`` and ``counters`` the reused buffers of the
   split partials and of version 4's merge (``stream_buffers``: one per device, stream and
   size class).
@@ -25,7 +28,9 @@ from .api import (
     paged_decode_attention,
     row_tiles,
 )
+from .cache import DevicePagedKVCache
 from .checks import HEAD_DIMS, MAX_NQ, SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
+from .plan import PagedDecodePlan
 from .versions import (
     BC,
     BK,
@@ -62,7 +67,8 @@ __all__ = [
     "HOPPER_DEFAULT_VERSION", "MAX_GRID", "MAX_NQ", "MAX_SPLITS", "MERGE_IN_REGISTERS",
     "MIN_TILES_PER_SPLIT", "NWARPS", "PRODUCER_WARPS_V5", "SM90A_VERSIONS", "SPLIT_BLOCKS_V5",
     "STAGES", "STAGES_V5", "STAGES_W", "THREADS", "TILE_KEYS", "TMA_ROWS", "VERSIONS",
-    "DecodePlan", "DecodeVersion", "blocks_per_sm", "cache_decode_attention", "check_splits",
+    "DecodePlan", "DecodeVersion", "DevicePagedKVCache", "PagedDecodePlan", "blocks_per_sm",
+    "cache_decode_attention", "check_splits",
     "check_version", "choose_num_splits", "decode_attention", "decode_plan",
     "default_decode_version", "defines", "paged_decode_attention", "row_tiles",
     "smem_bytes", "source", "split_blocks_per_sm", "threads",

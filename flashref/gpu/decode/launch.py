@@ -155,21 +155,26 @@ class DirectDecode:
             Lp = b.ptr(ws) + self.ws_bytes
         if self.empty:
             return O, lse
-        plan = self.plan
-        split_fn, combine_fn = self.fns
-        maps = ()
-        if self.tma:  # K and V as (rows, d), boxes of BC rows
-            map_of, n, d, dt, dev = self.map_of, self.kv_rows, self.d, self.dtype, self.device
-            maps = (map_of(kp, n, d, dt, BC, dev), map_of(vp, n, d, dt, BC, dev))
         Op = b.ptr(O)
         if self.S > 1:
             Opart = b.ptr(ws)
             Lpart = Opart + self.lse_offset
         else:
             Opart, Lpart = Op, Lp
-        stream = b.stream_ptr()
         bt_p = 0 if bt is None else b.ptr(bt)  # a null pointer: a contiguous cache
         len_p = 0 if lengths is None else b.ptr(lengths)  # null: every length is page_size
+        self.launch(qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, b.stream_ptr())
+        return O, lse
+
+    def launch(self, qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, stream) -> None:
+        """The kernels on the arrays at these addresses (checked by the caller), on the stream
+        of handle ``stream``: ``Opart``, ``Lpart`` the partials of ``S > 1`` splits (with
+        ``S == 1``, ``Op`` and ``Lp`` themselves). What ``flashref.gpu.decode.plan`` replays."""
+        split_fn, combine_fn = self.fns
+        maps = ()
+        if self.tma:  # K and V as (rows, d), boxes of BC rows
+            map_of, n, d, dt, dev = self.map_of, self.kv_rows, self.d, self.dtype, self.device
+            maps = (map_of(kp, n, d, dt, BC, dev), map_of(vp, n, d, dt, BC, dev))
         split_args = (qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, *self.consts, *maps)
         combine_args = (Opart, Lpart, Op, Lp, *self.combine_ints)
         with _host.device_scope(self.cp, self.device):  # the kernels are this device's
@@ -177,10 +182,9 @@ class DirectDecode:
                 self.launchers = (_host.launcher(split_fn, split_args),
                                   _host.launcher(combine_fn, combine_args))  # fmt: skip
             split, combine = self.launchers
-            split(self.grid, self.block, plan.smem_bytes, stream, split_args)
+            split(self.grid, self.block, self.plan.smem_bytes, stream, split_args)
             if self.S > 1:
                 combine(self.combine_grid, (128, 1, 1), 0, stream, combine_args)
-        return O, lse
 
 
 @contextlib.contextmanager

@@ -1,0 +1,271 @@
+"""Serving benchmark: the paged cache on the GPU as a decode loop replays it.
+
+    python -m flashref.bench serving [--rounds 3] [--dtypes float16] [--out PATH]
+
+Two measurements, both replayed from CUDA graphs (``flashref.bench.timing.graph_time``:
+inputs rotated among copies that together overflow the L2, device events around a replay),
+each beside a baseline captured and replayed the same way in the same run:
+
+- **Paged decode** (``decode``): ``PagedDecodePlan.run`` (the plan of
+  ``flashref.gpu.DevicePagedKVCache.plan``) on pools of ``page_size`` 64 and 128 whose
+  pages are in a random order (a cache that has served other sequences), every sequence
+  full, beside SDPA cuDNN's decode on a contiguous cache of the same keys (grouped heads
+  through ``enable_gqa``, or K/V repeated where cuDNN refuses that: the row's note says).
+  The shapes of the decode benchmark (``flashref.bench decode``): Nq = 1, d = 128, Hq = 32,
+  Hkv 32 or 8, B 1, 8, 32, Nk 4096 and 32768. GB/s = bytes of K and V / time.
+- **Append** (``append``): ``DevicePagedKVCache.append`` of a step's new K and V for
+  B = 64 sequences (Hkv = 8, d = 128) and n new tokens each, beside ``torch.Tensor.copy_``
+  of the same bytes between two contiguous buffers. GB/s = bytes of K and V written / time.
+
+Writes ``results/gpu_serving.json`` (or ``--out``) with its provenance: GPU, driver,
+versions, date, SM clocks over the run, the commit and the hash of the decode version's
+source and of ``paged_cache.cu``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from . import cli
+from ._common import ClockSampler, _import_torch
+from .cli import ArgumentParser
+from .provenance import provenance, source_hash
+from .roofs import device_facts, hbm_roof
+from .timing.graph_time import CapturedCalls, graph_calls, input_sets
+
+HQ, NQ, D = 32, 1, 128
+BATCHES, KV_HEADS, CONTEXTS = (1, 8, 32), (32, 8), (4096, 32768)
+PAGE_SIZES = (64, 128)
+APPEND_B, APPEND_HKV, APPEND_TOKENS = 64, 8, (1, 16, 128, 512)
+REPLAYS = 5
+PROG = "python -m flashref.bench serving"
+OUT = Path("results/gpu_serving.json")
+
+
+def _pages(torch, k, ps, gen):
+    """k (B, Hkv, Nk, D) as a pool of pages in a random order and its block table."""
+    B, Hkv, Nk, _ = k.shape
+    n = Nk // ps
+    pages = k.reshape(B, Hkv, n, ps, D).transpose(1, 2).reshape(B * n, Hkv, ps, D)
+    perm = torch.randperm(B * n, generator=gen)
+    pool = torch.empty_like(pages)
+    pool[perm.cuda()] = pages  # page j of the sequences goes to slot perm[j] of the pool
+    table = perm.reshape(B, n).to(torch.int32).cuda()
+    return pool, table
+
+
+def _sdpa(torch, q, k, v):
+    """(run, note): SDPA cuDNN on q, k, v, grouped heads through enable_gqa or repeated."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for how in ("enable_gqa", "repeated") if k.shape[1] != q.shape[1] else ("plain",):
+        kk, vv = k, v
+        if how == "repeated":
+            G = q.shape[1] // k.shape[1]
+            kk, vv = (x.repeat_interleave(G, dim=1) for x in (k, v))
+
+        def run(kk=kk, vv=vv, gqa=how == "enable_gqa"):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return sdpa(q, kk, vv, enable_gqa=gqa)
+
+        try:
+            run()
+            torch.cuda.synchronize()
+            return run, {"plain": None, "enable_gqa": "enable_gqa=True",
+                         "repeated": "K/V repeated to Hq heads (not timed)"}[how]  # fmt: skip
+        except Exception as exc:  # cuDNN may refuse a shape
+            note = f"{how}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return None, f"refused: {note}"
+
+
+def _replayed(torch, cp, calls, rounds) -> tuple[float, list[float]]:
+    graph = CapturedCalls(torch, cp, calls)
+    times = [graph.replay_us(REPLAYS) for _ in range(rounds)]
+    return statistics.median(times), times
+
+
+def decode_rows(ctx, dtype, rounds) -> list[dict]:
+    from flashref.gpu import PagedDecodePlan
+
+    torch, cp = ctx["torch"], ctx["cp"]
+    rows = []
+    for Nk in CONTEXTS:
+        for Hkv in KV_HEADS:
+            for B in BATCHES:
+                kv_bytes = 2 * B * Hkv * Nk * D * 2
+                sets = input_sets(kv_bytes, ctx["l2_bytes"])
+                base = {"dtype": dtype, "B": B, "Hq": HQ, "Hkv": Hkv, "Nq": NQ, "Nk": Nk, "d": D,
+                        "bytes": kv_bytes, "graph_sets": sets}  # fmt: skip
+                free = torch.cuda.mem_get_info()[0]
+                if (1 + len(PAGE_SIZES)) * sets * kv_bytes > 0.8 * free:
+                    rows.append({**base, "note": "not run: the pools and the contiguous "
+                                 "cache would not fit in memory"})  # fmt: skip
+                    continue
+                gen = torch.Generator().manual_seed(B * 1000 + Hkv + Nk)
+                dt = getattr(torch, dtype)
+                inputs = [tuple(torch.randn(s, generator=gen).to(dt).cuda()
+                                for s in ((B, HQ, NQ, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D)))
+                          for _ in range(sets)]  # fmt: skip
+                calls = graph_calls(kv_bytes, sets)
+                row = dict(base, graph_calls=calls)
+                cudnn = []
+                for q, k, v in inputs:
+                    run, note = _sdpa(torch, q, k, v)
+                    if run is None:
+                        break
+                    cudnn.append(run)
+                row["cudnn_note"] = note
+                if len(cudnn) == sets:
+                    us, times = _replayed(torch, cp, [cudnn[i % sets] for i in range(calls)],
+                                          rounds)  # fmt: skip
+                    row["cudnn_us"], row["cudnn_round_us"] = us, times
+                    row["cudnn_gbps"] = kv_bytes / us * 1e-3
+                    want = cudnn[0]().float()
+                for ps in PAGE_SIZES:
+                    plans = []
+                    for q, k, v in inputs:
+                        kp, table = _pages(torch, k, ps, torch.Generator().manual_seed(7))
+                        vp, _ = _pages(torch, v, ps, torch.Generator().manual_seed(7))
+                        lengths = torch.full((B,), Nk, dtype=torch.int32, device="cuda")
+                        plan = PagedDecodePlan(q, kp, vp, table, lengths)
+                        plans.append((plan, q, kp, vp, table, lengths))
+                    us, times = _replayed(
+                        torch, cp,
+                        [(lambda p=plans[i % sets]: p[0].run(*p[1:4])) for i in range(calls)],
+                        rounds,
+                    )  # fmt: skip
+                    key = f"paged{ps}"
+                    row[f"{key}_us"], row[f"{key}_round_us"] = us, times
+                    row[f"{key}_gbps"] = kv_bytes / us * 1e-3
+                    row[f"{key}_splits"] = plans[0][0].decode.num_splits
+                    row[f"{key}_version"] = plans[0][0].decode.version
+                    if "cudnn_us" in row:
+                        row[f"{key}_ratio_to_cudnn"] = row["cudnn_us"] / us
+                        got = plans[0][0].run(*plans[0][1:4]).float()
+                        row[f"{key}_rel_diff_to_cudnn"] = float((got - want).norm() / want.norm())
+                    del plans
+                rows.append(row)
+                print(f"[{dtype} B={B} Hkv={Hkv} Nk={Nk}] cuDNN {row.get('cudnn_gbps', 0):.0f}"
+                      + "".join(f", paged{ps} {row[f'paged{ps}_gbps']:.0f}" for ps in PAGE_SIZES)
+                      + " GB/s", file=sys.stderr)  # fmt: skip
+                del inputs, cudnn
+                torch.cuda.empty_cache()
+    return rows
+
+
+def append_rows(ctx, dtype, rounds) -> list[dict]:
+    from flashref.gpu import DevicePagedKVCache
+
+    torch, cp = ctx["torch"], ctx["cp"]
+    rows = []
+    dt = getattr(torch, dtype)
+    for n in APPEND_TOKENS:
+        ps = 64
+        per_seq = -(-n // ps) + 1
+        cache = DevicePagedKVCache(APPEND_B * per_seq, ps, APPEND_HKV, D, max_batch=APPEND_B,
+                                   max_pages_per_seq=per_seq, max_step_tokens=APPEND_B * n,
+                                   dtype=dtype)  # fmt: skip
+        seqs = [cache.new_sequence() for _ in range(APPEND_B)]
+        cache.begin_step(seqs, n)
+        new = torch.randn((2, APPEND_B, APPEND_HKV, n, D), device="cuda").to(dt)
+        written = 2 * new[0].numel() * 2
+        sets = 1
+        calls = graph_calls(written, sets)
+
+        def append(c=cache, k=new[0], v=new[1]):
+            c.append(0, k, v)
+
+        us, times = _replayed(torch, cp, [append] * calls, rounds)
+        src, dst = new.clone(), torch.empty_like(new)
+        cus, ctimes = _replayed(torch, cp, [lambda s=src, t=dst: t.copy_(s)] * calls, rounds)
+        torch.cuda.synchronize()
+        K, V = cache.gather(seqs[-1], 0)
+        exact = bool(torch.equal(K, new[0, -1]) and torch.equal(V, new[1, -1]))
+        rows.append({"dtype": dtype, "B": APPEND_B, "Hkv": APPEND_HKV, "n": n, "d": D,
+                     "page_size": ps, "bytes_written": written, "graph_calls": calls,
+                     "append_us": us, "append_round_us": times,
+                     "append_gbps": written / us * 1e-3, "copy_us": cus, "copy_round_us": ctimes,
+                     "copy_gbps": written / cus * 1e-3, "ratio_to_copy": cus / us,
+                     "fraction_of_hbm_copy": 2 * written / us * 1e-3 / ctx["copy_gbps"],
+                     "exact": exact})  # fmt: skip
+        print(f"[append B={APPEND_B} n={n}] {written / us * 1e-3:.0f} GB/s written, copy_ "
+              f"{written / cus * 1e-3:.0f}", file=sys.stderr)  # fmt: skip
+        del cache, new, src, dst
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run(args) -> dict:
+    from flashref.gpu._runtime import _require_gpu
+    from flashref.gpu.registry import KERNEL_DIR
+
+    cp = _require_gpu()
+    torch, _, _ = _import_torch()
+    if torch is None:
+        raise SystemExit(f"{PROG}: torch is needed (the baseline and the graphs)")
+    facts = device_facts(cp)
+    copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
+    ctx = {"cp": cp, "torch": torch, "l2_bytes": facts["l2_bytes"], "copy_gbps": copy}
+    from flashref.gpu.decode import HOPPER_DEFAULT_VERSION
+
+    meta = {**provenance(cp, torch, decode=[HOPPER_DEFAULT_VERSION]),
+            "cache_source": source_hash((KERNEL_DIR / "decode" / "paged_cache.cu").read_text()),
+            "hbm_copy_gbps": copy, "sm_count": facts["sm_count"],
+            "timing": ("CUDA graphs (torch.cuda.graph, relaxed mode, on a side stream), inputs "
+                       "rotated among graph_sets copies together >= 3x the L2; device events "
+                       f"around one replay / graph_calls, each round the median of {REPLAYS} "
+                       "replays, the row the median over rounds"),
+            "decode_rule": "GB/s = bytes of K and V (every key valid) / time per call",
+            "append_rule": ("GB/s = bytes of the new K and V written / time per call; "
+                            "fraction_of_hbm_copy counts them read and written against the "
+                            "measured device-to-device copy")}  # fmt: skip
+    with ClockSampler() as clock:
+        decode = [r for dtype in args.dtypes for r in decode_rows(ctx, dtype, args.rounds)]
+        append = [r for dtype in args.dtypes for r in append_rows(ctx, dtype, args.rounds)]
+    meta["clocks"] = clock.summary()
+    return {"meta": meta, "decode": decode, "append": append}
+
+
+def print_table(result: dict) -> None:
+    print("# paged decode replayed from a graph: GB/s (ratio to cuDNN's contiguous)")
+    print("| dtype | B | Hkv | Nk | cuDNN | page 64 | page 128 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in result["decode"]:
+        if "note" in r:
+            print(f"| {r['dtype']} | {r['B']} | {r['Hkv']} | {r['Nk']} | {r['note']} | | |")
+            continue
+        cells = [f"{r[f'paged{ps}_gbps']:.0f} ({r.get(f'paged{ps}_ratio_to_cudnn', 0):.2f})"
+                 for ps in PAGE_SIZES]  # fmt: skip
+        print(f"| {r['dtype']} | {r['B']} | {r['Hkv']} | {r['Nk']} | "
+              f"{r.get('cudnn_gbps', 0):.0f} | {' | '.join(cells)} |")  # fmt: skip
+    print("\n# append of a step's K and V, B = 64, Hkv = 8, d = 128: GB/s written")
+    print("| n | bytes | append | copy_ | ratio | fraction of HBM copy |")
+    print("|---|---|---|---|---|---|")
+    for r in result["append"]:
+        print(f"| {r['n']} | {r['bytes_written']} | {r['append_gbps']:.0f} | "
+              f"{r['copy_gbps']:.0f} | {r['ratio_to_copy']:.2f} | "
+              f"{r['fraction_of_hbm_copy']:.2f} |")  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per row")
+    p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16"],
+                   help="dtypes of the cache")  # fmt: skip
+    p.add_argument("--out", type=Path, default=OUT, help="where the JSON goes")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main, PROG))

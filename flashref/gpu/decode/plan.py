@@ -1,0 +1,127 @@
+"""plan / run: a paged decode call checked and planned once, then launched many times.
+
+A serving loop calls attention with the same shapes every token: the batch's block table
+and lengths change their values, never their shapes. So the work is split in two, as
+FlashInfer's wrappers split it:
+
+    plan = PagedDecodePlan(q, k_pages, v_pages, block_table, lengths)   # once per layout
+    O = plan.run(q, k_pages, v_pages)                                   # every token, layer
+
+``PagedDecodePlan`` checks every argument as ``paged_decode_attention`` does, picks the
+split count for the table's capacity (``max_pages * page_size`` keys), compiles the kernels
+and allocates the output, lse and the splits' partials. ``run`` checks only that its arrays
+are those the plan was made for (type, shape, dtype; contiguous and aligned) and launches:
+no allocation, no copy, no synchronisation, no value read on the host. The table and
+lengths are read by the kernels from device memory when they run, so a CUDA graph that
+captured ``run`` (``torch.cuda.graph`` in its default mode, or a CuPy stream capture)
+replays correctly while the lengths grow and pages are added. The output is the plan's own
+buffer, written by every run: use it before the next run, or give ``out=``.
+"""
+
+from __future__ import annotations
+
+from .. import _host
+from .api import _PAGED_CHECKS, decode_plan
+from .checks import check_device, check_device_ints, is_device_array
+from .launch import DirectDecode
+
+
+class PagedDecodePlan:
+    """``paged_decode_attention`` planned once for a batch layout; ``run`` launches it.
+
+    Args:
+        q: ``(B, Hq, Nq, d)``, an array of the shape, dtype and kind the runs will pass (its
+            values are not read); k_pages, v_pages: the pools ``(num_pages, Hkv, page_size,
+            d)`` (one layer's: another layer's pools of the same shape run on the same plan).
+        block_table, lengths: device int32 arrays ``(B, max_pages)``, ``(B,)`` of q's kind,
+            read by the kernels at every run (their values are never read on the host).
+        causal, scale, num_splits, version: as ``paged_decode_attention``.
+
+    Attributes:
+        out, lse: the buffers a run writes, ``(B, Hq, Nq, d)`` in q's dtype and ``(B, Hq, Nq)``
+            float32 (arrays of q's kind). decode: the ``DecodePlan`` (splits, grid).
+    """
+
+    def __init__(self, q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
+                 scale=None, num_splits=None, version=None):  # fmt: skip
+        from .._launch import device_facts
+        from .._runtime import _require_gpu
+        from .versions import default_decode_version
+
+        version, causal, scale, num_splits = _PAGED_CHECKS(
+            (q, k_pages, v_pages), (version, causal, scale, num_splits, False))  # fmt: skip
+        for name, x in (("block_table", block_table), ("lengths", lengths)):
+            if not is_device_array(x):
+                raise TypeError(
+                    f"{name} must be a device array (a CuPy array or a CUDA tensor): a plan "
+                    "reads the tables where they are at every run; for host tables call "
+                    "paged_decode_attention"
+                )
+        (B, Hq, Nq, d), (P, Hkv, ps, _) = tuple(q.shape), tuple(k_pages.shape)
+        check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
+        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
+        cp = _require_gpu()
+        names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages),
+                 ("block_table", block_table), ("lengths", lengths))  # fmt: skip
+        b = self._b = _host.backend_of(cp, names)
+        for name, x in names[3:]:
+            if str(x.dtype).removeprefix("torch.") != "int32":
+                raise TypeError(f"{name} has dtype {x.dtype}; a plan takes int32 tables")
+            if not b.contiguous(x):
+                raise ValueError(f"{name} must be C-contiguous")
+        max_pages = block_table.shape[1]
+        with _host.device_scope(cp, b.device):
+            cc, gpu, sms = device_facts()
+            if version is None:
+                version = default_decode_version(cc, ps, P * Hkv * ps)
+
+            check_device(cc, version, f"this GPU ({gpu})")
+            self.decode = decode_plan(max(B, 1), Hq, Hkv, Nq, max_pages * ps, d, sms, num_splits,
+                                      version)  # fmt: skip
+            self._call = DirectDecode(cp, b, q, k_pages, block_table, lengths, Hkv=Hkv,
+                                      page_size=ps, max_pages=max_pages, causal=causal,
+                                      scale=scale, plan=self.decode)  # fmt: skip
+            if not self._call.usable:  # the versions whose launch counts arrivals (4, 5)
+                raise ValueError(
+                    f"decode version {version} cannot be planned (its split blocks count "
+                    "arrivals in a buffer of the call); use a version with a combine kernel"
+                )
+            self.out = b.empty((B, Hq, Nq, d), q.dtype)
+            self.lse = b.empty((B, Hq, Nq), "float32")
+            S = self.decode.num_splits
+            self._ws = b.empty((B * Hq * Nq * S * (d + 1),), "float32") if S > 1 else None
+        self._tables = (block_table, lengths)  # kept alive: the kernels read them
+        self._key = _host.signature((q, k_pages, v_pages), ())
+        self._ptrs = (b.ptr(block_table), b.ptr(lengths), b.ptr(self.lse))
+        self.empty = B == 0
+
+    def run(self, q, k_pages, v_pages, *, out=None):
+        """Attention of ``q`` to the pools through the plan's table; returns ``self.out`` (or
+        ``out``: an array like it). Checks only that the arrays match the plan."""
+        b = self._b
+        if _host.signature((q, k_pages, v_pages), ()) != self._key:
+            raise ValueError(
+                "q, k_pages and v_pages must have the type, shape, dtype and device the plan "
+                "was made for; make a new plan for a new layout"
+            )
+        if out is not None and (
+            _host.signature((out,), ()) != _host.signature((self.out,), ()) or not b.contiguous(out)
+        ):
+            raise ValueError("out must be a C-contiguous array like plan.out")
+        if not (b.contiguous(q) and b.contiguous(k_pages) and b.contiguous(v_pages)):
+            raise ValueError("q, k_pages and v_pages must be C-contiguous")
+        qp, kp, vp = b.ptr(q), b.ptr(k_pages), b.ptr(v_pages)
+        if (qp | kp | vp) & 15:
+            raise ValueError("q, k_pages and v_pages must start at 16-byte aligned addresses")
+        O = self.out if out is None else out
+        if self.empty:
+            return O
+        Op = b.ptr(O)
+        bt_p, len_p, Lp = self._ptrs
+        if self._ws is None:
+            Opart, Lpart = Op, Lp
+        else:
+            Opart = b.ptr(self._ws)
+            Lpart = Opart + self._call.lse_offset
+        self._call.launch(qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, b.stream_ptr())
+        return O
