@@ -51,7 +51,7 @@ def _pages(torch, k, ps, gen):
     n = Nk // ps
     pages = k.reshape(B, Hkv, n, ps, D).transpose(1, 2).reshape(B * n, Hkv, ps, D)
     perm = torch.randperm(B * n, generator=gen)
-    pool = torch.empty_like(pages)
+    pool = torch.empty(pages.shape, dtype=pages.dtype, device=pages.device)  # contiguous
     pool[perm.cuda()] = pages  # page j of the sequences goes to slot perm[j] of the pool
     table = perm.reshape(B, n).to(torch.int32).cuda()
     return pool, table

@@ -22,8 +22,6 @@
 // The slots are computed once per step and read by every layer's append (vLLM's
 // slot_mapping, made on the device).
 
-#include <stdint.h>
-
 extern "C" __global__ void paged_slots(int* __restrict__ lengths,          // (max_batch,)
                                        const int* __restrict__ block_table,  // (max_batch, max_pages)
                                        const int* __restrict__ step_rows,    // (R,): rows of the step
