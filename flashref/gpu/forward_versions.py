@@ -222,7 +222,7 @@ PREFERENCE: dict[tuple[str, int | None, bool], int] = {
 
 # On compute capability 9.0 (H100, H200), where the sm_90a versions run, version=None picks from
 # this table instead: the version with the highest median TFLOP/s over N = 1024, 4096, 16384 in
-# the recorded Hopper run (results/gpu_hopper.json, chapter 11; a test checks it). Every other
+# the recorded Hopper run (results/gpu_hopper.json, chapter 12; a test checks it). Every other
 # GPU keeps PREFERENCE, and float32 keeps version 2 everywhere.
 HOPPER_CC = (9, 0)
 HOPPER_PREFERENCE: dict[tuple[str, int, bool], int] = {
