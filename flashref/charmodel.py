@@ -113,8 +113,10 @@ def train(
     device="cuda",
     cfg=None,
     corpus=None,
+    keep_model=False,
 ) -> dict:
-    """Train from ``seed`` for ``steps`` steps; returns the loss curve and timings.
+    """Train from ``seed`` for ``steps`` steps; returns the loss curve and timings (and the
+    trained model as ``"model"`` with ``keep_model=True``).
 
     ``seed`` fixes the initial weights (``torch.manual_seed``) and the batches
     (``CharCorpus.batches``), so two calls that differ only in ``attention`` start from the
@@ -172,7 +174,8 @@ def train(
             loss_of(x, y).item() for _, (x, y) in zip(range(cfg.eval_batches), val, strict=False)
         ]
     timed = sorted(seconds[5:] or seconds)
-    return {
+    kept = {"model": model} if keep_model else {}
+    return kept | {
         "attention": attention,
         "seed": seed,
         "loss": losses,

@@ -24,6 +24,7 @@ source and of ``paged_cache.cu``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -199,6 +200,62 @@ def append_rows(ctx, dtype, rounds) -> list[dict]:
     return rows
 
 
+GEN_BATCHES, GEN_PROMPT, GEN_NEW, GEN_TRAIN_STEPS = (1, 32), 64, 192, 300
+
+
+def _copies(torch, events) -> dict:
+    """Host-device copies among a profiler's device events: ``{"HtoD": n, "DtoH": n}``."""
+    names = [e.name for e in events]
+    return {k: sum(1 for n in names if "Memcpy" in n and k in n) for k in ("HtoD", "DtoH")}
+
+
+def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
+    """The chapter 8 model, trained, generating greedily with each generator."""
+    from flashref.booktext import CharCorpus, book_text
+    from flashref.charmodel import VAL_SEED, Config, train
+    from flashref.generate import GENERATORS, generator
+
+    torch = ctx["torch"]
+    cfg = Config()
+    corpus = CharCorpus(book_text())
+    trained = train("sdpa", steps=GEN_TRAIN_STEPS, cfg=cfg, corpus=corpus, keep_model=True)
+    model = trained["model"]
+    model_meta = {"config": dataclasses.asdict(cfg),
+                  "train_steps": GEN_TRAIN_STEPS, "val_loss": trained["val_loss"],
+                  "prompt": GEN_PROMPT, "new_tokens": GEN_NEW}  # fmt: skip
+    rows = []
+    for B in GEN_BATCHES:
+        x, _ = next(corpus.batches(batch_size=B, context=GEN_PROMPT, seed=VAL_SEED, split="val"))
+        prompts = torch.from_numpy(x).cuda()
+        row = {"B": B}
+        tokens = {}
+        for name in GENERATORS:
+            runs = [generator(name, model, cfg, B).generate(prompts, GEN_NEW)
+                    for _ in range(rounds)]  # fmt: skip
+            rates = [B * r["steps"] / r["decode_s"] for r in runs]
+            row[f"{name}_tokens_per_s"] = statistics.median(rates)
+            row[f"{name}_round_tokens_per_s"] = rates
+            row[f"{name}_step_us"] = statistics.median(r["decode_s"] / r["steps"] * 1e6
+                                                       for r in runs)  # fmt: skip
+            row[f"{name}_prefill_s"] = statistics.median(r["prefill_s"] for r in runs)
+            tokens[name] = runs[0]["tokens"]
+            row[f"{name}_loop_host_copies"] = runs[0]["loop_host_copies"]
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            generator(name, model, cfg, B).generate(prompts, GEN_NEW, loop_context=prof)
+            row[f"{name}_loop_copies"] = _copies(torch, prof.events())
+        a, b = tokens["flashref"], tokens["sdpa"]
+        same = (a == b).all(dim=1)
+        row["ratio_tokens_per_s"] = row["flashref_tokens_per_s"] / row["sdpa_tokens_per_s"]
+        row["sequences_equal"] = int(same.sum())
+        diff = (a != b).float().argmax(dim=1)
+        row["first_difference"] = [None if s else int(d) for s, d in zip(same, diff, strict=True)]
+        rows.append(row)
+        print(f"[generate B={B}] flashref {row['flashref_tokens_per_s']:.0f} tok/s, SDPA "
+              f"{row['sdpa_tokens_per_s']:.0f}; {row['sequences_equal']}/{B} equal",
+              file=sys.stderr)  # fmt: skip
+    return model_meta, rows
+
+
 def run(args) -> dict:
     from flashref.gpu._runtime import _require_gpu
     from flashref.gpu.registry import KERNEL_DIR
@@ -226,8 +283,10 @@ def run(args) -> dict:
     with ClockSampler() as clock:
         decode = [r for dtype in args.dtypes for r in decode_rows(ctx, dtype, args.rounds)]
         append = [r for dtype in args.dtypes for r in append_rows(ctx, dtype, args.rounds)]
+        model, generation = generation_rows(ctx, args.rounds)
     meta["clocks"] = clock.summary()
-    return {"meta": meta, "decode": decode, "append": append}
+    meta["generation_model"] = model
+    return {"meta": meta, "decode": decode, "append": append, "generation": generation}
 
 
 def print_table(result: dict) -> None:
@@ -249,6 +308,13 @@ def print_table(result: dict) -> None:
         print(f"| {r['n']} | {r['bytes_written']} | {r['append_gbps']:.0f} | "
               f"{r['copy_gbps']:.0f} | {r['ratio_to_copy']:.2f} | "
               f"{r['fraction_of_hbm_copy']:.2f} |")  # fmt: skip
+    print("\n# generation, the chapter 8 model, greedy, graph-replayed steps: tokens/s")
+    print("| B | flashref | SDPA static cache | ratio | equal sequences | copies in the loop |")
+    print("|---|---|---|---|---|---|")
+    for r in result.get("generation", []):
+        print(f"| {r['B']} | {r['flashref_tokens_per_s']:.0f} | {r['sdpa_tokens_per_s']:.0f} | "
+              f"{r['ratio_tokens_per_s']:.2f} | {r['sequences_equal']}/{r['B']} | "
+              f"{r['flashref_loop_copies']} / {r['sdpa_loop_copies']} |")  # fmt: skip
 
 
 def main(argv=None) -> int:

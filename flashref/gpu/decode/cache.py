@@ -64,7 +64,9 @@ class DevicePagedKVCache:
             most ``max_pages_per_seq * page_size`` tokens.
         num_layers: pools per cache, one per layer of a model (the table and lengths are
             shared: every layer holds the same tokens).
-        max_step_tokens: the most new tokens of one step over all its sequences.
+        max_step_tokens: the most new tokens of one step over all its sequences (default:
+            the larger of ``max_batch`` and a whole sequence, ``max_pages_per_seq *
+            page_size``).
         dtype: ``"float16"`` or ``"bfloat16"``.
         library: ``"torch"`` (tensors on ``device``) or ``"cupy"`` (arrays on CuPy's current
             device).
@@ -89,7 +91,9 @@ class DevicePagedKVCache:
         width = self.pages.num_pages if max_pages_per_seq is None else max_pages_per_seq
         self.max_pages_per_seq = _positive(width, "max_pages_per_seq")
         self.num_layers = _positive(num_layers, "num_layers")
-        most = self.max_batch if max_step_tokens is None else max_step_tokens
+        most = max_step_tokens
+        if most is None:  # one token for every row, or a whole sequence in one step
+            most = max(self.max_batch, self.max_pages_per_seq * self.page_size)
         self.max_step_tokens = _positive(most, "max_step_tokens")
         name = str(dtype).removeprefix("torch.")
         if name not in DTYPES:
@@ -201,13 +205,13 @@ class DevicePagedKVCache:
         if len(set(seqs)) != len(seqs):
             raise ValueError(f"seqs has a sequence twice: {seqs}")
         n = _positive(n, "n")
+        needs = dict.fromkeys(seqs, n)
+        self._check_width(needs)
         if len(seqs) * n > self.max_step_tokens:
             raise ValueError(
                 f"the step adds {len(seqs)} x {n} tokens; the cache was made for at most "
                 f"max_step_tokens = {self.max_step_tokens}"
             )
-        needs = dict.fromkeys(seqs, n)
-        self._check_width(needs)
         self._write_pages(self.pages.reserve(needs))  # all or nothing
         for s in seqs:
             self.pages.lengths[s] += n
@@ -274,12 +278,11 @@ class DevicePagedKVCache:
                 )
             strides.append(tuple(np.int64(s // 8) for s in st[:3]))  # in 16-byte units
         chunks = self.head_dim * 2 // 16
-        total = len(rows) * n * self.num_kv_heads * chunks
-        grid = (min(-(-total // APPEND_THREADS), 65535 * 8), 1, 1)
+        threads = min(APPEND_THREADS, -(-self.num_kv_heads * chunks // 32) * 32)
         args = (b.ptr(k_new), b.ptr(v_new), b.ptr(self.k_pages[layer]), b.ptr(self.v_pages[layer]),
-                b.ptr(self._slots), np.int64(total), np.int32(n), np.int32(self.num_kv_heads),
-                np.int32(chunks), np.int32(self.page_size), *strides[0], *strides[1])  # fmt: skip
-        self._launch("paged_append", grid, (APPEND_THREADS, 1, 1), args)
+                b.ptr(self._slots), np.int32(n), np.int32(self.num_kv_heads), np.int32(chunks),
+                np.int32(self.page_size), *strides[0], *strides[1])  # fmt: skip
+        self._launch("paged_append", (len(rows) * n, 1, 1), (threads, 1, 1), args)
 
     def _launch(self, name, grid, block, args) -> None:
         cp = self._cp

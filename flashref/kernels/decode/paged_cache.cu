@@ -56,29 +56,31 @@ extern "C" __global__ void paged_slots(int* __restrict__ lengths,          // (m
 }
 
 // new K, V: (R, Hkv, n, row) through element strides given in 16-byte units (sR, sH, sN);
-// the pools: (num_pages, Hkv, page_size, row), rows of `chunks` 16-byte pieces.
+// the pools: (num_pages, Hkv, page_size, row), rows of `chunks` 16-byte pieces. One block
+// per new token (blockIdx.x = r * n + i), its threads over the token's Hkv x chunks pieces:
+// the token's slot and source offset are worked out once per block.
 extern "C" __global__ void paged_append(const uint4* __restrict__ k_new,
                                         const uint4* __restrict__ v_new,
                                         uint4* __restrict__ k_pages,
                                         uint4* __restrict__ v_pages,
                                         const int* __restrict__ slots,  // (R, n)
-                                        long long total,                // R * n * Hkv * chunks
                                         int n, int Hkv, int chunks, int page_size,
                                         long long ksR, long long ksH, long long ksN,
                                         long long vsR, long long vsH, long long vsN)
 {
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(e % chunks);
-        long long t = e / chunks;
-        const int h = (int)(t % Hkv);
-        t /= Hkv;  // the token: r * n + i
-        const int slot = slots[t];
-        if (slot < 0) continue;
-        const long long r = t / n, i = t % n;
-        const long long page = slot / page_size, off = slot % page_size;
-        const long long dst = ((page * Hkv + h) * page_size + off) * chunks + c;
-        k_pages[dst] = k_new[r * ksR + h * ksH + i * ksN + c];
-        v_pages[dst] = v_new[r * vsR + h * vsH + i * vsN + c];
+    const int t = blockIdx.x;
+    const int slot = slots[t];
+    if (slot < 0) return;
+    const long long r = t / n, i = t % n;
+    const long long page = slot / page_size, off = slot % page_size;
+    const uint4* k_src = k_new + r * ksR + i * ksN;
+    const uint4* v_src = v_new + r * vsR + i * vsN;
+    uint4* k_dst = k_pages + (page * Hkv * page_size + off) * chunks;
+    uint4* v_dst = v_pages + (page * Hkv * page_size + off) * chunks;
+    const long long head = (long long)page_size * chunks;  // one head's rows in a page
+    for (int j = threadIdx.x; j < Hkv * chunks; j += blockDim.x) {
+        const int h = j / chunks, c = j % chunks;
+        k_dst[h * head + c] = k_src[h * ksH + c];
+        v_dst[h * head + c] = v_src[h * vsH + c];
     }
 }

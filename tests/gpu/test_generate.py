@@ -1,0 +1,48 @@
+"""Generation with the paged cache (``flashref.generate``), on the GPU with torch.
+
+Each generated token must be the model's own greedy choice: the whole model, run again
+without a cache over the prompt and the generated tokens, gives each of them the highest
+logit, up to a near tie (a gap within bfloat16's rounding of the logits). The model's head
+is scaled so that its logits spread over several units: a cache that held a wrong key, a
+wrong position or another sequence's tokens changes the choice by far more than a tie.
+Both generators, and the paged one copies nothing to the device while it replays.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+TIE = 0.25  # logit gap below which two choices are a tie at bfloat16 (logits of size ~10)
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", reason="torch is not installed")
+
+
+@pytest.mark.parametrize("name", ["flashref", "sdpa"])
+def test_generated_tokens_are_the_greedy_choice(torch, name):
+    from flashref.charmodel import Config, attention_function, build_model
+    from flashref.generate import generator
+
+    cfg = Config(n_layers=2, d_model=128, n_heads=2, context=128)
+    torch.manual_seed(0)
+    model = build_model(40, cfg, attention_function("sdpa")).cuda().eval()
+    with torch.no_grad():
+        model.head.weight.mul_(30.0)
+    prompts = torch.randint(0, 40, (3, 21), device="cuda")
+    res = generator(name, model, cfg, 3).generate(prompts, 50)
+    out = res["tokens"]
+    assert out.shape == (3, 50)
+    seq = torch.cat([prompts, out], dim=1)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(seq[:, :-1]).float()[:, prompts.shape[1] - 1 :]  # predicts out
+    chosen = logits.gather(-1, out[..., None])[..., 0]
+    gap = logits.max(-1).values - chosen
+    worst = float(gap.max())
+    assert worst <= TIE, f"{name}: a generated token is {worst:.2f} below the model's best"
+    assert float(logits.std()) > 2.0  # the logits do spread: the check above means something
+    if name == "flashref":
+        assert res["loop_host_copies"] == 0
