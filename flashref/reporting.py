@@ -46,7 +46,7 @@ __all__ = [
     "Bench", "Profile", "COUNTERS", "counter_lines", "round_interval", "compare_rounds",
     "step_counts", "control_share", "control_lines", "step_verdict", "step_lines",
     "speed_lines", "steps_lines", "ratio_lines", "resident_warps", "sm_budget",
-    "occupancy_lines", "shape_name",
+    "occupancy_lines", "shape_name", "drop_renames", "kernel_change",
 ]  # fmt: skip
 
 
@@ -87,7 +87,8 @@ class Bench:
     ``Bench.load(path)`` reads one; ``Bench(data, name)`` takes its parsed JSON (tests
     build small ones). ``row(impl, run_dtype, d, causal, N)`` is one row or None;
     ``dtypes`` the run dtypes in the file's order, ``Ns`` its sequence lengths, ``widest``
-    the largest spread of any row timed over two rounds or more (None if there is none).
+    the largest spread of any row timed over two rounds or more (None if there is none),
+    ``cold`` the file's cold first calls (an empty list if it has none).
     """
 
     KEYS = ("impl", "run_dtype", "d", "causal", "N", "tflops", "round_ms")
@@ -96,6 +97,7 @@ class Bench:
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise ValueError(f"{name}: data must be a dict with a list 'rows'")
         self.name, self.meta, self.rows = name, data.get("meta", {}), data["rows"]
+        self.cold = data.get("cold") or []
         self._index = {}
         for i, r in enumerate(self.rows):
             missing = [k for k in self.KEYS if k not in r]
@@ -211,10 +213,11 @@ def counter_lines(profile: Profile, numbers: Iterable[int], names: Iterable[str]
         raise ValueError("numbers and names must each name at least one")
     if ratio and len(numbers) != 2:
         raise ValueError(f"ratio=True compares two versions; numbers has {len(numbers)}")
-    width = 10 * len(numbers) + (8 if ratio else 0)
-    lines = [f"{'':30}" + "".join(f"{f'd = {d}':>{width}}" for d in profile.dims)]
-    head = "".join(f"{f'v{n}':>10}" for n in numbers) + (f"{'new/old':>8}" if ratio else "")
-    lines.append(f"{'':30}" + head * len(profile.dims))
+    head = ""
+    for d in profile.dims:
+        head += "".join(f"{f'v{n} d={d}':>10}" for n in numbers)
+        head += f"{'new/old':>8}" if ratio else ""
+    lines = [f"{'':30}" + head]
     for name in names:
         value, fmt = COUNTERS[name]
         cells = ""
@@ -371,23 +374,23 @@ def step_verdict(bench: Bench, old: int, new: int, d: int, causal: bool,
 
 def step_lines(bench: Bench, old: int, new: int, at: int = 4096, run_dtype: str = "float16",
                control: float | None = None) -> list[str]:  # fmt: skip
-    """A step in five lines: for each head dim and mask, TFLOP/s old -> new at one N and
-    run dtype, and the verdict over the whole file with its count of shapes."""
+    """A step in three lines: for each head dim and mask, new/old TFLOP/s at one N and run
+    dtype, and the verdict over the whole file (:func:`step_verdict`) with the number of
+    shapes at which the new version's rounds were faster and slower."""
     control = control_share(bench) if control is None else control
-    lines = [f"v{old} -> v{new}, TFLOP/s at N = {at} ({run_dtype});"
-             " verdict over all shapes (faster, slower of n)"]  # fmt: skip
-    for d, causal in SHAPES:
-        a = bench.version(old, run_dtype, d, causal, at)
-        b = bench.version(new, run_dtype, d, causal, at)
-        speed = (
-            ""
-            if a is None or b is None
-            else (f"{a['tflops']:6.1f} -> {b['tflops']:5.1f} ({b['tflops'] / a['tflops']:.2f}x)")
-        )
-        word, c = step_verdict(bench, old, new, d, causal, control)
-        n = sum(c.values())
-        lines.append(f"  {shape_name(d, causal):16}{speed:27}  {word}"
-                     f" ({c[FASTER]}, {c[SLOWER]} of {n})")  # fmt: skip
+    head = f"v{old} -> v{new}, TFLOP/s new/old at N = {at} ({run_dtype})"
+    lines = [head + "; verdict (shapes faster, slower of n):"]
+    for d in sorted({d for d, _ in SHAPES}):
+        cells = []
+        for causal in (False, True):
+            a = bench.version(old, run_dtype, d, causal, at)
+            b = bench.version(new, run_dtype, d, causal, at)
+            ratio = "  -  " if a is None or b is None else f"{b['tflops'] / a['tflops']:.2f}x"
+            word, c = step_verdict(bench, old, new, d, causal, control)
+            n = sum(c.values())
+            text = f"{ratio} {word} ({c[FASTER]}, {c[SLOWER]} of {n})"
+            cells.append(("causal " if causal else "") + text)
+        lines.append(f"  d = {d:<4} {cells[0]:39}{cells[1]}")
     return lines
 
 
@@ -544,3 +547,39 @@ def occupancy_lines(versions: dict, profile: Profile, budget: dict,
                      f"{resident_warps(info, d, regs, budget):6}{achieved:5.0f}")  # fmt: skip
         lines.append(line)
     return lines
+
+
+# ---- kernels ----------------------------------------------------------------------------
+
+
+def drop_renames(diff: str, old: int, new: int) -> str:
+    """``diff`` (a :func:`flashref.gpu.forward_versions.kernel_diff`) without the hunks whose
+    only change is the kernel's name, ``flash_v{old}`` to ``flash_v{new}``."""
+    if not isinstance(diff, str):
+        raise TypeError(f"diff is a {type(diff).__name__}; expected the text of a kernel diff")
+    old, new = _check_number(old, "old"), _check_number(new, "new")
+    head, hunks = [], []
+    for line in diff.splitlines():
+        if line.startswith("@@"):
+            hunks.append([line])
+        elif hunks:
+            hunks[-1].append(line)
+        else:
+            head.append(line)
+
+    def renames_only(hunk):
+        minus = [x[1:] for x in hunk[1:] if x.startswith("-")]
+        plus = [x[1:] for x in hunk[1:] if x.startswith("+")]
+        renamed = [x.replace(f"flash_v{old}(", f"flash_v{new}(") for x in minus]
+        return len(minus) == len(plus) > 0 and renamed == plus
+
+    kept = [line for hunk in hunks if not renames_only(hunk) for line in hunk]
+    return "\n".join(head + kept)
+
+
+def kernel_change(old: int, new: int) -> str:
+    """What changed in the code from forward version ``old`` to ``new``:
+    :func:`~flashref.gpu.forward_versions.kernel_diff` without the kernel's new name."""
+    from flashref.gpu.forward_versions import kernel_diff  # the registry, read on demand
+
+    return drop_renames(kernel_diff(old, new), old, new)

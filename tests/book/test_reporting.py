@@ -158,9 +158,9 @@ def test_speed_lines_mark_each_shape_and_give_the_verdict():
 def test_step_lines_print_speed_at_one_length_and_the_verdict():
     bench = _bench(_control_identical() | _all_shapes("v15", [2.0, 2.2]))
     lines = rp.step_lines(bench, 14, 15, at=4096)
-    assert len(lines) == 1 + len(rp.SHAPES)
-    assert lines[1].split()[-5:] == ["loss", "(0,", "4", "of", "4)"]
-    assert "(0.50x)" in lines[1]
+    assert len(lines) == 3
+    assert lines[1].split() == ["d", "=", "64", "0.50x", "loss", "(0,", "4", "of", "4)",
+                                "causal", "0.50x", "loss", "(0,", "4", "of", "4)"]  # fmt: skip
 
 
 def test_control_lines_report_the_pair():
@@ -196,9 +196,11 @@ def test_counter_lines_print_values_ratios_and_gaps():
         _profile_row("v3", 64, 2e6, 10, 20), _profile_row("v4", 64, 1e6, 5, 20),
         _profile_row("v3", 128, 4e6, 10, 0)]})  # fmt: skip
     lines = rp.counter_lines(prof, [3, 4], ["time in ncu, ms", "ldmatrix per mma"], ratio=True)
-    assert lines[2].split() == ["time", "in", "ncu,", "ms", "2.00", "1.00", "0.50x",
+    assert lines[0].split() == ["v3", "d=64", "v4", "d=64", "new/old", "v3", "d=128", "v4",
+                                "d=128", "new/old"]  # fmt: skip
+    assert lines[1].split() == ["time", "in", "ncu,", "ms", "2.00", "1.00", "0.50x",
                                 "4.00", "-", "-"]  # fmt: skip
-    assert lines[3].split()[-6:] == ["0.500", "0.250", "0.50x", "nan", "-", "-"]
+    assert lines[2].split()[-6:] == ["0.500", "0.250", "0.50x", "nan", "-", "-"]
     with pytest.raises(ValueError, match="names: no counter 'speed'"):
         rp.counter_lines(prof, [3], ["speed"])
     with pytest.raises(ValueError, match="ratio=True compares two versions"):
@@ -219,3 +221,25 @@ def test_resident_warps_takes_the_tightest_budget():
         rp.resident_warps(info, 64, 300, budget)
     with pytest.raises(ValueError, match="device has no 'registers_per_sm'"):
         rp.sm_budget({"smem_per_sm_bytes": 1, "smem_per_block_optin_bytes": 1})
+
+
+def test_drop_renames_keeps_every_hunk_but_the_new_name():
+    diff = "\n".join([
+        "--- v03_mma.cu", "+++ v04_padded.cu",
+        "@@ -10,1 +10,1 @@", "-#define LDS D", "+#define LDS (D + 8)",
+        "@@ -29,1 +29,1 @@", "-flash_v3(const half_t* Q,", "+flash_v4(const half_t* Q,",
+        "@@ -40,1 +40,1 @@", "-call(flash_v3(x));", "+call(flash_v4(y));",
+    ])  # fmt: skip
+    kept = rp.drop_renames(diff, 3, 4).splitlines()
+    assert kept[:5] == ["--- v03_mma.cu", "+++ v04_padded.cu", "@@ -10,1 +10,1 @@",
+                        "-#define LDS D", "+#define LDS (D + 8)"]  # fmt: skip
+    assert "+flash_v4(const half_t* Q," not in kept  # the name alone: dropped
+    assert "+call(flash_v4(y));" in kept  # the name and more: kept
+    with pytest.raises(TypeError, match="diff is a NoneType"):
+        rp.drop_renames(None, 3, 4)
+
+
+def test_kernel_change_of_a_registered_version():
+    text = rp.kernel_change(3, 4)
+    assert "+#define LDS (D + 8)" in text
+    assert "flash_v4(" not in text
