@@ -84,3 +84,16 @@ def test_every_registered_version_has_a_hash_and_tree_picks_the_measured_ones(mo
     t = provenance.tree(forward=[29], backward="all", decode=[7])
     assert t["commit"] == "0" * 40
     assert set(t["sources"]) == {"forward/29", "decode/7"} | {f"backward/{n}" for n in BWD_VERSIONS}
+
+
+@pytest.mark.parametrize("name", [n for n in FILES if "cache_source" in _meta(n)])
+def test_a_serving_file_still_describes_the_cache_kernels(name):
+    """``bench serving`` records the hash of ``paged_cache.cu`` (the cache's slot and append
+    kernels, not a numbered version) as ``meta.cache_source``."""
+    from flashref.gpu.registry import KERNEL_DIR
+
+    now = provenance.source_hash((KERNEL_DIR / "decode" / "paged_cache.cu").read_text())
+    assert _meta(name)["cache_source"] == now, (
+        f"results/{name} measured another paged_cache.cu; re-record it with "
+        "python -m flashref.bench serving"
+    )

@@ -480,3 +480,32 @@ def test_paged_attention_takes_every_spelling_of_its_mask():
     )
     full = paged_attention(q, cache, [s], causal=np.False_)
     np.testing.assert_array_equal(full, paged_attention(q, cache, [s], causal=False))
+
+
+def test_page_table_reserves_all_or_nothing():
+    """The host bookkeeping both caches share: pages for several sequences at once, or
+    none (``CacheFullError`` naming the sequence that needs most), lengths untouched."""
+    from flashref.kvcache import PageTable
+
+    t = PageTable(num_pages=5, page_size=4)
+    a, b = t.new_sequence(), t.new_sequence()
+    assert t.reserve({a: 9, b: 1}) == {a: 0, b: 0}  # 3 pages and 1
+    assert t.block_tables == {a: [0, 1, 2], b: [3]} and t.lengths == {a: 0, b: 0}
+    t.lengths[b] = 4  # b's page is full
+    with pytest.raises(CacheFullError) as info:
+        t.reserve({a: 13, b: 1})  # one more page each: 2 > 1 free
+    for needle in ("sequence 0 (0 tokens) needs 1 more pages of 4 tokens for 13 new ones",
+                   "(2 for the 2 sequences of the step)", "1 of 5 are free"):  # fmt: skip
+        assert needle in str(info.value), (needle, str(info.value))
+    assert t.block_tables == {a: [0, 1, 2], b: [3]} and t.num_free_pages == 1
+    assert t.reserve({a: 12}) == {}  # 12 tokens fit in a's 3 pages: nothing new
+    assert t.reserve({b: 4}) == {b: 1} and t.block_tables[b] == [3, 4]
+    table, lengths = t.table([b, a], width=4)
+    np.testing.assert_array_equal(table, [[3, 4, -1, -1], [0, 1, 2, -1]])
+    np.testing.assert_array_equal(lengths, [4, 0])
+    t.free(a)
+    assert t.num_free_pages == 3 and a not in t.lengths
+    with pytest.raises(ValueError, match="seq 0 is not a sequence of this cache"):
+        t.check_seq(a)
+    with pytest.raises(TypeError, match="seq must be an int"):
+        t.check_seq(True)
