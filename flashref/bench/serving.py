@@ -1,8 +1,8 @@
 """Serving benchmark: the paged cache on the GPU as a decode loop replays it.
 
-    python -m flashref.bench serving [--rounds 3] [--dtypes float16] [--out PATH]
+    python -m flashref.bench serving [--rounds 3] [--dtypes float16] [--sections ...] [--out PATH]
 
-Two measurements, both replayed from CUDA graphs (``flashref.bench.timing.graph_time``:
+Four measurements, both replayed from CUDA graphs (``flashref.bench.timing.graph_time``:
 inputs rotated among copies that together overflow the L2, device events around a replay),
 each beside a baseline captured and replayed the same way in the same run:
 
@@ -16,6 +16,14 @@ each beside a baseline captured and replayed the same way in the same run:
 - **Append** (``append``): ``DevicePagedKVCache.append`` of a step's new K and V for
   B = 64 sequences (Hkv = 8, d = 128) and n new tokens each, beside ``torch.Tensor.copy_``
   of the same bytes between two contiguous buffers. GB/s = bytes of K and V written / time.
+- **Chunked prefill** (``prefill``): a 4096-token prompt's attention in chunks of 512 through
+  ``flashref.gpu.paged_prefill_attention`` (pages of 128 in a random order, bottom-right
+  causal, the chunks' K/V already in the pools), beside one causal ``flash_attention`` over
+  the contiguous prompt and SDPA cuDNN's; B = 1, (H, d) = (32, 128) and (16, 64).
+- **Generation** (``generation``): the chapter 8 model (trained here for 300 steps with SDPA)
+  generating greedily with ``flashref.generate.PagedGenerator`` beside
+  ``StaticSDPAGenerator``, B = 1 and 32: tokens per second of the replayed steps, the tokens'
+  agreement, and the host-device copies the profiler sees in the replay loop.
 
 Writes ``results/gpu_serving.json`` (or ``--out``) with its provenance: GPU, driver,
 versions, date, SM clocks over the run, the commit and the hash of the decode version's
@@ -42,15 +50,16 @@ BATCHES, KV_HEADS, CONTEXTS = (1, 8, 32), (32, 8), (4096, 32768)
 PAGE_SIZES = (64, 128)
 APPEND_B, APPEND_HKV, APPEND_TOKENS = 64, 8, (1, 16, 128, 512)
 REPLAYS = 5
+SECTIONS = ("decode", "append", "prefill", "generation")
 PROG = "python -m flashref.bench serving"
 OUT = Path("results/gpu_serving.json")
 
 
 def _pages(torch, k, ps, gen):
     """k (B, Hkv, Nk, D) as a pool of pages in a random order and its block table."""
-    B, Hkv, Nk, _ = k.shape
+    B, Hkv, Nk, d = k.shape
     n = Nk // ps
-    pages = k.reshape(B, Hkv, n, ps, D).transpose(1, 2).reshape(B * n, Hkv, ps, D)
+    pages = k.reshape(B, Hkv, n, ps, d).transpose(1, 2).reshape(B * n, Hkv, ps, d)
     perm = torch.randperm(B * n, generator=gen)
     pool = torch.empty(pages.shape, dtype=pages.dtype, device=pages.device)  # contiguous
     pool[perm.cuda()] = pages  # page j of the sequences goes to slot perm[j] of the pool
@@ -201,6 +210,66 @@ def append_rows(ctx, dtype, rounds) -> list[dict]:
 
 
 GEN_BATCHES, GEN_PROMPT, GEN_NEW, GEN_TRAIN_STEPS = (1, 32), 64, 192, 300
+PREFILL_N, PREFILL_CHUNK, PREFILL_SHAPES = 4096, 512, ((32, 128), (16, 64))  # (H, d), B = 1
+PREFILL_PAGE = 128
+
+
+def prefill_rows(ctx, dtype, rounds) -> list[dict]:
+    """A PREFILL_N-token prompt's attention in chunks of PREFILL_CHUNK through the paged cache
+    (``paged_prefill_attention``, bottom-right, pages in a random order; the chunks' K/V
+    already in the pools) beside one causal ``flash_attention`` over the contiguous prompt,
+    and SDPA cuDNN's, each a whole prompt per graph call."""
+    rows = []
+    for H, d in PREFILL_SHAPES:
+        rows.append(_prefill_row(ctx, dtype, H, d, rounds))
+        ctx["torch"].cuda.empty_cache()
+    return rows
+
+
+def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashref.gpu import flash_attention
+    from flashref.gpu.prefill import paged_prefill_attention
+
+    torch, cp = ctx["torch"], ctx["cp"]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    gen = torch.Generator().manual_seed(H + d)
+    q, k, v = (torch.randn((1, H, PREFILL_N, d), generator=gen).to(getattr(torch, dtype)).cuda()
+               for _ in range(3))  # fmt: skip
+    kp, table = _pages(torch, k, PREFILL_PAGE, torch.Generator().manual_seed(5))
+    vp, _ = _pages(torch, v, PREFILL_PAGE, torch.Generator().manual_seed(5))
+    starts = range(0, PREFILL_N, PREFILL_CHUNK)
+    chunks = [q[:, :, c : c + PREFILL_CHUNK].contiguous() for c in starts]
+    lens = [torch.tensor([c + PREFILL_CHUNK], dtype=torch.int32, device="cuda") for c in starts]
+
+    def chunked():
+        return [paged_prefill_attention(x, kp, vp, table, n)
+                for x, n in zip(chunks, lens, strict=True)]  # fmt: skip
+
+    def one():
+        return flash_attention(q, k, v, causal=True)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v, is_causal=True)
+
+    row = {"dtype": dtype, "B": 1, "H": H, "d": d, "N": PREFILL_N, "chunk": PREFILL_CHUNK,
+           "page_size": PREFILL_PAGE, "flops": 2 * H * PREFILL_N**2 * d}  # fmt: skip
+    for name, fn in (("chunked", chunked), ("one_forward", one), ("cudnn", cudnn)):
+        us, times = _replayed(torch, cp, [fn] * 4, rounds)
+        row[f"{name}_us"], row[f"{name}_round_us"] = us, times
+        row[f"{name}_tflops"] = row["flops"] / us * 1e-6
+    row["ratio_to_one_forward"] = row["one_forward_us"] / row["chunked_us"]
+    row["ratio_to_cudnn"] = row["cudnn_us"] / row["chunked_us"]
+    got, want = torch.cat(chunked(), dim=2).float(), one().float()
+    row["rel_diff_to_one_forward"] = float((got - want).norm() / want.norm())
+    print(
+        f"[prefill H={H} d={d}] chunked {row['chunked_us']:.0f} us, one forward "
+        f"{row['one_forward_us']:.0f} us, cuDNN {row['cudnn_us']:.0f} us",
+        file=sys.stderr,
+    )
+    return row
 
 
 def _copies(torch, events) -> dict:
@@ -280,20 +349,23 @@ def run(args) -> dict:
             "append_rule": ("GB/s = bytes of the new K and V written / time per call; "
                             "fraction_of_hbm_copy counts them read and written against the "
                             "measured device-to-device copy")}  # fmt: skip
+    out = {"meta": meta}
     with ClockSampler() as clock:
-        decode = [r for dtype in args.dtypes for r in decode_rows(ctx, dtype, args.rounds)]
-        append = [r for dtype in args.dtypes for r in append_rows(ctx, dtype, args.rounds)]
-        model, generation = generation_rows(ctx, args.rounds)
+        for name, rows_of in (("decode", decode_rows), ("append", append_rows),
+                              ("prefill", prefill_rows)):  # fmt: skip
+            if name in args.sections:
+                out[name] = [r for dtype in args.dtypes for r in rows_of(ctx, dtype, args.rounds)]
+        if "generation" in args.sections:
+            meta["generation_model"], out["generation"] = generation_rows(ctx, args.rounds)
     meta["clocks"] = clock.summary()
-    meta["generation_model"] = model
-    return {"meta": meta, "decode": decode, "append": append, "generation": generation}
+    return out
 
 
 def print_table(result: dict) -> None:
     print("# paged decode replayed from a graph: GB/s (ratio to cuDNN's contiguous)")
     print("| dtype | B | Hkv | Nk | cuDNN | page 64 | page 128 |")
     print("|---|---|---|---|---|---|---|")
-    for r in result["decode"]:
+    for r in result.get("decode", []):
         if "note" in r:
             print(f"| {r['dtype']} | {r['B']} | {r['Hkv']} | {r['Nk']} | {r['note']} | | |")
             continue
@@ -304,10 +376,17 @@ def print_table(result: dict) -> None:
     print("\n# append of a step's K and V, B = 64, Hkv = 8, d = 128: GB/s written")
     print("| n | bytes | append | copy_ | ratio | fraction of HBM copy |")
     print("|---|---|---|---|---|---|")
-    for r in result["append"]:
+    for r in result.get("append", []):
         print(f"| {r['n']} | {r['bytes_written']} | {r['append_gbps']:.0f} | "
               f"{r['copy_gbps']:.0f} | {r['ratio_to_copy']:.2f} | "
               f"{r['fraction_of_hbm_copy']:.2f} |")  # fmt: skip
+    print(f"\n# chunked prefill, B = 1, N = {PREFILL_N}, chunks of {PREFILL_CHUNK}: us per prompt")
+    print("| dtype | H | d | chunked | one forward | cuDNN | ratio to one forward | to cuDNN |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in result.get("prefill", []):
+        print(f"| {r['dtype']} | {r['H']} | {r['d']} | {r['chunked_us']:.0f} | "
+              f"{r['one_forward_us']:.0f} | {r['cudnn_us']:.0f} | "
+              f"{r['ratio_to_one_forward']:.2f} | {r['ratio_to_cudnn']:.2f} |")  # fmt: skip
     print("\n# generation, the chapter 8 model, greedy, graph-replayed steps: tokens/s")
     print("| B | flashref | SDPA static cache | ratio | equal sequences | copies in the loop |")
     print("|---|---|---|---|---|---|")
@@ -322,6 +401,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per row")
     p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16"],
                    help="dtypes of the cache")  # fmt: skip
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
+                   help="what to measure")  # fmt: skip
     p.add_argument("--out", type=Path, default=OUT, help="where the JSON goes")
     args = p.parse_args(argv)
     if args.rounds < 1:

@@ -6,6 +6,7 @@ This module only gathers what a user calls; each piece lives in its own module:
   default per dtype, d and causal, ``kernel_diff``);
 * ``backward``: ``flash_attention_backward`` (``backward_versions``);
 * ``decode``: split-KV decoding over contiguous and paged K/V caches (a subpackage);
+* ``prefill``: ``paged_prefill_attention``, a prompt chunk's queries against a paged cache;
 * ``_runtime``, ``_launch``, ``tma``, ``registry``, ``tolerances``: what those share;
 * ``models``: NumPy models of the fragment layouts and schedules the chapters draw (the
   runtime never imports them).
@@ -34,6 +35,7 @@ from .decode import (
 )
 from .forward import flash_attention
 from .forward_versions import HOPPER_PREFERENCE, PREFERENCE, VERSIONS, Version
+from .prefill import paged_prefill_attention
 from .registry import KERNEL_DIR
 
 __all__ = [
@@ -57,4 +59,5 @@ __all__ = [
     "flash_attention_backward",
     "gpu_unavailable_reason",
     "paged_decode_attention",
+    "paged_prefill_attention",
 ]

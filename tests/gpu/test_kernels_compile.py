@@ -295,7 +295,10 @@ def test_roof_compiles_for_sm90(name, tmp_path):
 # nvcc 13.0 also accepts where -arch=sm_90a would run a plain sm_90 pass as well).
 SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
 HOPPER_CASES = [("probes/probe_wgmma.cu", ()), ("probes/probe_wgmma.cu", ("-DFLASHREF_BF16",)),
-                ("probes/roof_wgmma.cu", ())]  # fmt: skip
+                ("probes/roof_wgmma.cu", ()),
+                ("hopper/paged_prefill.cu", ("-DHEAD_DIM=64",)),
+                ("hopper/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
+                ("decode/paged_cache.cu", ())]  # fmt: skip
 
 
 def _nvcc(path, arch, defines, tmp_path):
@@ -305,7 +308,9 @@ def _nvcc(path, arch, defines, tmp_path):
     return cmd, proc
 
 
-@pytest.mark.parametrize("name,defines", HOPPER_CASES, ids=["probe-fp16", "probe-bf16", "roof"])
+@pytest.mark.parametrize("name,defines", HOPPER_CASES, ids=["probe-fp16", "probe-bf16", "roof",
+                                                            "prefill-d64", "prefill-d128-bf16",
+                                                            "cache"])  # fmt: skip
 def test_hopper_kernels_compile_for_sm90a(name, defines, tmp_path):
     """Every kernel of the file builds for sm_90a without spills or a stack frame."""
     cmd, proc = _nvcc(KERNEL_DIR / name, SM90A, defines, tmp_path)
