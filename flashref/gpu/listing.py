@@ -8,6 +8,11 @@ lines above it. ``hunks(diff, *words)``: the hunks of a diff made by
 ``flashref.gpu.forward_versions.kernel_diff`` (or any unified diff) that contain one of
 ``words``, with its two header lines and a last line that counts what was left out.
 
+``lines(path, start, stop, fold=(), drop=())``: the lines from the first containing ``start``
+to the first after it containing ``stop``, each ``(a, b)`` of ``fold`` kept as its first line
+(a comment saying what the block does) and a count of the lines up to the one containing
+``b``, and lines containing a string of ``drop`` (``#pragma unroll``) left out.
+
 Paths are relative to ``flashref/kernels`` (``KERNEL_DIR``) or absolute. The text is read
 from the files each time, so a chapter prints what the sources hold today.
 """
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from .registry import KERNEL_DIR
 
-__all__ = ["section", "function", "hunks"]
+__all__ = ["section", "function", "hunks", "lines"]
 
 SECTION = "// ----"
 
@@ -90,3 +95,30 @@ def hunks(diff: str, *words: str) -> str:
     if len(kept) < len(parts):
         out.append(f"... {len(parts) - len(kept)} more of the {len(parts)} hunks in the full diff")
     return "\n".join(out)
+
+
+def lines(path, start: str, stop: str, fold=(), drop=()) -> str:
+    """The lines of ``path`` from the first containing ``start`` through the first later one
+    containing ``stop``; each ``(a, b)`` in ``fold`` shows its line containing ``a`` and one
+    line counting those after it up to (not including) the line containing ``b``; lines
+    containing a string of ``drop`` are left out (and not counted)."""
+    text = _read(path)
+    first = next((i for i, line in enumerate(text) if start in line), None)
+    if first is None:
+        raise ValueError(f"no line of {path} contains {start!r}")
+    last = next((i for i in range(first + 1, len(text)) if stop in text[i]), None)
+    if last is None:
+        raise ValueError(f"no line of {path} after {start!r} contains {stop!r}")
+    body = [line for line in text[first : last + 1] if not any(d in line for d in drop)]
+    for a, b in fold:
+        i = next((k for k, line in enumerate(body) if a in line), None)
+        j = (
+            next((k for k in range(i + 1, len(body)) if b in body[k]), None)
+            if i is not None
+            else None
+        )
+        if i is None or j is None:
+            raise ValueError(f"fold {(a, b)!r}: no such lines between {start!r} and {stop!r}")
+        indent = body[i][: len(body[i]) - len(body[i].lstrip())]
+        body[i + 1 : j] = [f"{indent}// ... {j - i - 1} lines"]
+    return "\n".join(body)
