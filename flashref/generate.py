@@ -132,10 +132,21 @@ class _Generator:
 
 
 class PagedGenerator(_Generator):
-    """The model generating with ``DevicePagedKVCache`` and ``PagedDecodePlan``."""
+    """The model generating with ``DevicePagedKVCache`` and ``PagedDecodePlan``.
 
-    def __init__(self, model, cfg, batch, *, page_size=64, dtype="bfloat16"):
+    ``prefill_chunk``: None (default) prefills the prompt in one pass with ``flash_attention``
+    (causal), an int writes it into the cache ``prefill_chunk`` tokens at a time, each chunk
+    attending to the cache with ``paged_prefill_attention`` (bottom-right; compute
+    capability 9.0)."""
+
+    def __init__(self, model, cfg, batch, *, page_size=64, dtype="bfloat16", prefill_chunk=None):
         super().__init__(model, cfg, batch, dtype)
+        if prefill_chunk is not None and (
+            isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+            or prefill_chunk < 1
+        ):  # fmt: skip
+            raise ValueError(f"prefill_chunk must be None or a positive int, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
         from .gpu import DevicePagedKVCache
 
         torch = self.torch
@@ -150,18 +161,29 @@ class PagedGenerator(_Generator):
         self.plan = self.cache.plan(self.q)
 
     def _prefill(self, prompts):
-        from .gpu import flash_attention
+        from .gpu import flash_attention, paged_prefill_attention
 
         torch, model, P = self.torch, self.model, prompts.shape[1]
         for s in self.seqs:  # the pages of the whole generation now: none while replaying
             self.cache.reserve(s, self.cfg.context)
-        self.cache.begin_step(self.seqs, P)
+        chunk = self.prefill_chunk or P
+        for c0 in range(0, P, chunk):
+            n = min(chunk, P - c0)
+            self.cache.begin_step(self.seqs, n)
+            with self._amp():
+                where = torch.arange(c0, c0 + n, device=prompts.device)
+                x = model.tok(prompts[:, c0 : c0 + n]) + model.pos(where)
+                for layer, block in enumerate(model.blocks):
+                    q, k, v = _heads(block, x, self.H)
+                    self.cache.append(layer, k, v)
+                    if self.prefill_chunk is None:
+                        y = flash_attention(q, k, v, causal=True)
+                    else:  # every key so far, from the pages, the chunk's own bottom-right
+                        y = paged_prefill_attention(
+                            q, *self.cache.pools(layer), self.cache.block_table, self.cache.lengths
+                        )
+                    x = _finish(block, x, y)
         with self._amp():
-            x = model.tok(prompts) + model.pos(torch.arange(P, device=prompts.device))
-            for layer, block in enumerate(model.blocks):
-                q, k, v = _heads(block, x, self.H)
-                self.cache.append(layer, k, v)
-                x = _finish(block, x, flash_attention(q, k, v, causal=True))
             self._logits_to_token(x)
 
     def _before_step(self):
