@@ -27,7 +27,8 @@ each beside a baseline captured and replayed the same way in the same run:
 
 Writes ``results/gpu_serving.json`` (or ``--out``) with its provenance: GPU, driver,
 versions, date, SM clocks over the run, the commit and the hash of the decode version's
-source and of ``paged_cache.cu``.
+source and of the kernels that are not numbered versions (``other_sources``: the cache's
+``paged_cache.cu``, the prefill's ``paged_prefill.cu``, includes pasted in).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ PAGE_SIZES = (64, 128)
 APPEND_B, APPEND_HKV, APPEND_TOKENS = 64, 8, (1, 16, 128, 512)
 REPLAYS = 5
 SECTIONS = ("decode", "append", "prefill", "generation")
+OTHER_SOURCES = ("decode/paged_cache.cu", "hopper/paged_prefill.cu")  # not numbered versions
 PROG = "python -m flashref.bench serving"
 OUT = Path("results/gpu_serving.json")
 
@@ -327,7 +329,7 @@ def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
 
 def run(args) -> dict:
     from flashref.gpu._runtime import _require_gpu
-    from flashref.gpu.registry import KERNEL_DIR
+    from flashref.gpu.registry import KERNEL_DIR, paste_includes
 
     cp = _require_gpu()
     torch, _, _ = _import_torch()
@@ -339,7 +341,8 @@ def run(args) -> dict:
     from flashref.gpu.decode import HOPPER_DEFAULT_VERSION
 
     meta = {**provenance(cp, torch, decode=[HOPPER_DEFAULT_VERSION]),
-            "cache_source": source_hash((KERNEL_DIR / "decode" / "paged_cache.cu").read_text()),
+            "other_sources": {name: source_hash(paste_includes(KERNEL_DIR / name))
+                              for name in OTHER_SOURCES},
             "hbm_copy_gbps": copy, "sm_count": facts["sm_count"],
             "timing": ("CUDA graphs (torch.cuda.graph, relaxed mode, on a side stream), inputs "
                        "rotated among graph_sets copies together >= 3x the L2; device events "

@@ -86,14 +86,13 @@ def test_every_registered_version_has_a_hash_and_tree_picks_the_measured_ones(mo
     assert set(t["sources"]) == {"forward/29", "decode/7"} | {f"backward/{n}" for n in BWD_VERSIONS}
 
 
-@pytest.mark.parametrize("name", [n for n in FILES if "cache_source" in _meta(n)])
-def test_a_serving_file_still_describes_the_cache_kernels(name):
-    """``bench serving`` records the hash of ``paged_cache.cu`` (the cache's slot and append
-    kernels, not a numbered version) as ``meta.cache_source``."""
-    from flashref.gpu.registry import KERNEL_DIR
+@pytest.mark.parametrize("name", [n for n in FILES if "other_sources" in _meta(n)])
+def test_a_file_still_describes_its_unnumbered_kernels(name):
+    """A file that measured kernels that are not numbered versions (``bench serving``: the
+    cache's and the prefill's) records their hashes as ``meta.other_sources``, by path under
+    ``flashref/kernels/``."""
+    from flashref.gpu.registry import KERNEL_DIR, paste_includes
 
-    now = provenance.source_hash((KERNEL_DIR / "decode" / "paged_cache.cu").read_text())
-    assert _meta(name)["cache_source"] == now, (
-        f"results/{name} measured another paged_cache.cu; re-record it with "
-        "python -m flashref.bench serving"
-    )
+    for path, h in _meta(name)["other_sources"].items():
+        now = provenance.source_hash(paste_includes(KERNEL_DIR / path))
+        assert h == now, f"results/{name} measured another {path}; re-record it"
