@@ -280,6 +280,23 @@ def _copies(torch, events) -> dict:
     return {k: sum(1 for n in names if "Memcpy" in n and k in n) for k in ("HtoD", "DtoH")}
 
 
+def _gaps(torch, model, prompts, a, b, first) -> list:
+    """For each sequence where the two generators part at token j: the difference of the two
+    tokens' logits there, from the model run again without a cache (SDPA, bfloat16 autocast,
+    float32 logits) over the prompt and the common prefix; None where they never part. A gap
+    near zero is a near tie, where rounding decides the greedy choice."""
+    out = []
+    for i, j in enumerate(first):
+        if j is None:
+            out.append(None)
+            continue
+        seq = torch.cat([prompts[i], a[i, :j]])[None]
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(seq)[0, -1].float()
+        out.append(float((logits[a[i, j]] - logits[b[i, j]]).abs()))
+    return out
+
+
 def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
     """The chapter 8 model, trained, generating greedily with each generator."""
     from flashref.booktext import CharCorpus, book_text
@@ -320,6 +337,7 @@ def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
         row["sequences_equal"] = int(same.sum())
         diff = (a != b).float().argmax(dim=1)
         row["first_difference"] = [None if s else int(d) for s, d in zip(same, diff, strict=True)]
+        row["gap_at_difference"] = _gaps(torch, model, prompts, a, b, row["first_difference"])
         rows.append(row)
         print(f"[generate B={B}] flashref {row['flashref_tokens_per_s']:.0f} tok/s, SDPA "
               f"{row['sdpa_tokens_per_s']:.0f}; {row['sequences_equal']}/{B} equal",
@@ -391,11 +409,15 @@ def print_table(result: dict) -> None:
               f"{r['one_forward_us']:.0f} | {r['cudnn_us']:.0f} | "
               f"{r['ratio_to_one_forward']:.2f} | {r['ratio_to_cudnn']:.2f} |")  # fmt: skip
     print("\n# generation, the chapter 8 model, greedy, graph-replayed steps: tokens/s")
-    print("| B | flashref | SDPA static cache | ratio | equal sequences | copies in the loop |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| B | flashref | SDPA static cache | ratio | equal sequences | largest logit gap where "
+        "they part | copies in the loop |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in result.get("generation", []):
         print(f"| {r['B']} | {r['flashref_tokens_per_s']:.0f} | {r['sdpa_tokens_per_s']:.0f} | "
               f"{r['ratio_tokens_per_s']:.2f} | {r['sequences_equal']}/{r['B']} | "
+              f"{max([g for g in r['gap_at_difference'] if g is not None], default=0):.3f} | "
               f"{r['flashref_loop_copies']} / {r['sdpa_loop_copies']} |")  # fmt: skip
 
 
