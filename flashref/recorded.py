@@ -5,14 +5,19 @@
 ``results/gpu_calls.json`` (its host rows) by ``python -m flashref.bench calls``. Both are read
 with every field checked (a missing key, a wrong type, NaN or infinity is a ValueError
 naming the file, the entry and the field), so a chapter never prints from a broken file.
-NumPy and the standard library only.
+``backward_bench`` and ``backward_profile`` hand the backward run and its counters to
+``flashref.reporting``, so that a backward step is judged by the same rule as a forward one.
+The standard library only; ``training_figure`` imports matplotlib when it draws.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
+
+from .reporting import NO_SPREAD, Bench, Profile, compare_rounds
 
 _NUM = (int, float)
 TRAINING_META = {"gpu": str, "driver": str, "torch": str, "cupy": str, "date": str,
@@ -226,3 +231,162 @@ def backward_table(rows, direction: str = "backward") -> list[str]:
         shape = f"{r['dtype']:9}{r['d']:>4} {r['causal']!s:7}{r['N']:>6} {r['version']!s:>7}"
         lines.append(f"{shape}{r['tflops']:9.0f}{''.join(tf)}{''.join(ratio)}")
     return lines
+
+
+# ---- the backward run as chapter 5's Bench and Profile ------------------------------------
+
+
+def backward_bench(path):
+    """The backward rows of a ``gpu_backward.json`` as a :class:`flashref.reporting.Bench`,
+    so that chapter 5's rule (:func:`flashref.reporting.step_verdict`) judges a backward
+    step as it judges a forward one: backward version ``n`` is the Bench's ``"v{n}"``, SDPA's
+    rows keep their names (``"sdpa_flash"``, ``"sdpa_cudnn"``), the run dtype is the file's
+    ``dtype``. Every field is checked first (:func:`load_backward`)."""
+    meta, rows = load_backward(path)
+    out = []
+    for i, r in enumerate(rows):
+        if r["direction"] != "backward":
+            continue
+        if "round_ms" not in r or not isinstance(r["round_ms"], list) or not r["round_ms"]:
+            raise ValueError(f"{path}: rows[{i}] has no rounds ('round_ms')")
+        impl = r["impl"]
+        if impl == "flashref":
+            n = r["version"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{path}: rows[{i}]['version'] = {n!r}; expected a version")
+            impl = f"v{n}"
+        out.append({"impl": impl, "run_dtype": r["dtype"], "d": r["d"], "causal": r["causal"],
+                    "N": r["N"], "tflops": r["tflops"], "round_ms": r["round_ms"]})  # fmt: skip
+    return Bench({"meta": meta, "rows": out}, Path(path).name)
+
+
+def backward_profile(path):
+    """A ``gpu_backward_profile.json`` as a :class:`flashref.reporting.Profile`: its rows
+    ``"bwd{n}"`` become ``"v{n}"``, so ``counter_lines`` prints backward version ``n``."""
+    path = Path(path)
+    data = _read(path)
+    _check(data, {"meta": dict, "rows": list}, str(path))
+    rows = []
+    for i, r in enumerate(data["rows"]):
+        _check(r, {"impl": str, "d": int}, f"{path}: rows[{i}]")
+        if not r["impl"].startswith("bwd") or not r["impl"][3:].isdigit():
+            raise ValueError(f"{path}: rows[{i}]['impl'] = {r['impl']!r}; expected 'bwd<n>'")
+        rows.append({**r, "impl": f"v{int(r['impl'][3:])}"})
+    return Profile({"meta": data["meta"], "rows": rows}, path.name)
+
+
+def median_best(rows, allowed) -> dict:
+    """For each (dtype, d, causal) of the backward rows, the flashref version among
+    ``allowed`` with the highest median TFLOP/s over the sequence lengths: the rule that
+    chose ``BWD_PREFERENCE`` and ``BWD_HOPPER_PREFERENCE``."""
+    allowed = set(allowed)
+    by_case: dict = {}
+    for r in rows:
+        if r["impl"] == "flashref" and r["direction"] == "backward" and r["version"] in allowed:
+            case = by_case.setdefault((r["dtype"], r["d"], r["causal"]), {})
+            case.setdefault(r["version"], []).append(r["tflops"])
+    out = {}
+    for case, by_version in sorted(by_case.items()):
+        med = {n: statistics.median(t) for n, t in by_version.items()}
+        out[case] = max(med, key=med.get)
+    return out
+
+
+def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float = 0.8,
+                        goal: float = 1.0) -> list[str]:  # fmt: skip
+    """How chosen versions compare with SDPA FLASH's backward at ``N >= at_least``.
+
+    ``picks`` maps a label to a function of (dtype, d, causal, N) and the flashref versions
+    measured there (a dict version -> row) that returns the version to take (None: none).
+    For each label: the range of TFLOP/s over FLASH's, how many configurations reach
+    ``target`` and ``goal``, and the range over cuDNN's.
+    """
+    index = {(r["impl"], r["dtype"], r["d"], r["causal"], r["N"]): r
+             for r in rows if r["direction"] == "backward" and r["impl"] != "flashref"}  # fmt: skip
+    ours: dict = {}
+    for r in rows:
+        if r["impl"] == "flashref" and r["direction"] == "backward" and r["N"] >= at_least:
+            key = (r["dtype"], r["d"], r["causal"], r["N"])
+            ours.setdefault(key, {})[r["version"]] = r
+    configs = sorted(k for k in ours if ("sdpa_flash", *k) in index)
+    lines = [f"N >= {at_least}, {len(configs)} configurations, TFLOP/s over SDPA FLASH's:"]
+    for label, pick in picks.items():
+        chosen = [(k, pick(*k, ours[k])) for k in configs]
+        chosen = [(k, n) for k, n in chosen if n is not None and n in ours[k]]
+        if not chosen:
+            lines.append(f"  {label}: not in this file")
+            continue
+        xs = [ours[k][n]["tflops"] / index["sdpa_flash", *k]["tflops"] for k, n in chosen]
+        xc = [ours[k][n]["tflops"] / index["sdpa_cudnn", *k]["tflops"]
+              for k, n in chosen if ("sdpa_cudnn", *k) in index]  # fmt: skip
+        names = ", ".join(f"bwd{n}" for n in sorted({n for _, n in chosen}))
+        lines.append(f"  {label} ({names}): {min(xs):.2f} to {max(xs):.2f};"
+                     f" >= {target} at {sum(x >= target for x in xs)} of {len(xs)},"
+                     f" >= {goal} at {sum(x >= goal for x in xs)} of {len(xs)}")  # fmt: skip
+        if xc:
+            lines.append(f"    over cuDNN's: {min(xc):.2f} to {max(xc):.2f}")
+        below = [(k, n) for (k, n), x in zip(chosen, xs, strict=True) if x < goal]
+        if 0 < len(below) <= 3:  # a few: say whether FLASH's rounds were all faster
+            for k, n in below:
+                flash, mine = index["sdpa_flash", *k], ours[k][n]
+                word = compare_rounds(flash, mine) if "round_ms" in mine else NO_SPREAD
+                lines.append(f"    below {goal} at {k[0]} d = {k[1]}, causal {k[2]}, N = {k[3]}:"
+                             f" {mine['tflops'] / flash['tflops']:.3f}, rounds {word}")  # fmt: skip
+    return lines
+
+
+# ---- the training run ------------------------------------------------------------------------
+
+
+def training_lines(meta: dict, runs, summary: dict) -> list[str]:
+    """What chapter 8 prints of a training record: the run, each run's step time, the end
+    and validation losses, and the two gaps (``training_summary``) side by side."""
+    m, s, w = meta["model"], summary, summary["window"]
+    lines = [f"{meta['gpu']}, torch {meta['torch']}, {meta['date']}: {m.get('n_layers')} layers,"
+             f" d_model {m.get('d_model')}, {meta['steps']} steps in {meta['dtype']}"]  # fmt: skip
+    lines.append(f"{'':18}{'ms per step':>12}{f'loss, last {w}':>15}{'validation':>12}")
+    for key in ("flashref", "sdpa", "other_seed"):
+        run = s[key]
+        if run is not None:
+            name = f"{run['attention']}, seed {run['seed']}"
+            lines.append(f"  {name:16}{run['s_per_step'] * 1e3:12.1f}"
+                         f"{end_loss(run, w):15.3f}{run['val_loss']:12.3f}")  # fmt: skip
+    lines.append(f"flashref against SDPA, same seed: end gap {s['end_gap']:.3f},"
+                 f" validation gap {s['val_gap']:.3f}")  # fmt: skip
+    if s["other_seed"] is not None:
+        lines.append(f"SDPA against SDPA, other seed:    end gap {s['seed_end_gap']:.3f},"
+                     f" validation gap {s['seed_val_gap']:.3f}")  # fmt: skip
+        lines.append("flashref's validation loss as close to SDPA's as two seeds' are: "
+                     f"{s['val_gap'] <= s['seed_val_gap']}")  # fmt: skip
+    flash, sdpa = s["flashref"], s["sdpa"]
+    lines.append(f"flashref's step as fast as SDPA's: {flash['s_per_step'] <= sdpa['s_per_step']}")
+    return lines
+
+
+def training_figure(summary: dict):
+    """The loss curves of the runs and, below, each run's loss minus SDPA's from the same
+    seed; returns the matplotlib figure (matplotlib is imported here, on demand)."""
+    import matplotlib.pyplot as plt
+
+    s = summary
+    fig, (ax, gap) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(2, 1))
+    color = {}
+    for key in ("flashref", "sdpa", "other_seed"):
+        run = s[key]
+        if run is not None:
+            name = f"{run['attention']}, seed {run['seed']}"
+            color[key] = ax.plot(run["loss"], lw=1, label=name)[0].get_color()
+    ax.set(ylabel="training loss (nats per char)")
+    ax.legend()
+    base = s["sdpa"]
+    for key in ("flashref", "other_seed"):
+        run = s[key]
+        if run is not None:
+            diff = [a - b for a, b in zip(run["loss"], base["loss"], strict=True)]
+            label = (f"{run['attention']}, seed {run['seed']} minus {base['attention']},"
+                     f" seed {base['seed']}")  # fmt: skip
+            gap.plot(diff, lw=1, color=color[key], label=label)
+    gap.axhline(0, color="gray", lw=0.5)
+    gap.set(xlabel="step", ylabel="loss difference")
+    gap.legend(fontsize=9)
+    return fig

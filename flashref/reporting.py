@@ -190,8 +190,22 @@ COUNTERS: dict[str, tuple[Callable[[dict], float], str]] = {  # name: (value of 
     "stalls per issue, all reasons": (
         lambda r: sum(v for k, v in r["stalls_per_issue"].items() if k != "selected"), ".2f"),
 }  # fmt: skip
+# the backward profile's counters (chapter 8): the tensor pipe counting wgmma's cycles too,
+# dQ's atomic reductions, and the warps each scheduler had to choose from
+_PIPE_ALL = f"sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.{_PCT}"
+COUNTERS.update({
+    "tensor pipe active (any mma), %": (lambda r: r[_PIPE_ALL], ".1f"),
+    "wgmma instructions, M": (lambda r: r["sm__inst_executed_pipe_tensor_op_gmma.sum"] / 1e6,
+                              ".1f"),
+    "reduction instructions, M": (lambda r: r["smsp__inst_executed_op_global_red.sum"] / 1e6,
+                                  ".2f"),
+    "L2 reduction requests, M": (lambda r: r["lts__t_requests_op_red.sum"] / 1e6, ".1f"),
+    "warps per scheduler": (lambda r: r["smsp__warps_active.avg.per_cycle_active"], ".2f"),
+    "eligible warps per scheduler": (lambda r: r["smsp__warps_eligible.avg.per_cycle_active"],
+                                     ".2f"),
+})  # fmt: skip
 for _reason in ("long_scoreboard", "short_scoreboard", "wait", "barrier", "math_pipe_throttle",
-                "dispatch_stall", "mio_throttle"):  # fmt: skip
+                "dispatch_stall", "mio_throttle", "lg_throttle"):  # fmt: skip
     COUNTERS[f"  stalls: {_reason.replace('_', ' ')}"] = (_stalls(_reason), ".2f")
 
 
@@ -552,12 +566,16 @@ def occupancy_lines(versions: dict, profile: Profile, budget: dict,
 # ---- kernels ----------------------------------------------------------------------------
 
 
-def drop_renames(diff: str, old: int, new: int) -> str:
-    """``diff`` (a :func:`flashref.gpu.forward_versions.kernel_diff`) without the hunks whose
-    only change is the kernel's name, ``flash_v{old}`` to ``flash_v{new}``."""
+def drop_renames(diff: str, old: int, new: int, kernel: str = "flash_v") -> str:
+    """``diff`` (a ``kernel_diff`` of the forward or backward registry) without the hunks
+    whose only change is the kernel's name, ``{kernel}{old}`` to ``{kernel}{new}``
+    (``kernel`` is ``"flash_v"`` for the forward versions, ``"flash_bwd"`` for the
+    backward ones)."""
     if not isinstance(diff, str):
         raise TypeError(f"diff is a {type(diff).__name__}; expected the text of a kernel diff")
     old, new = _check_number(old, "old"), _check_number(new, "new")
+    if kernel not in KERNEL_PREFIX.values():
+        raise ValueError(f"kernel = {kernel!r}; expected one of {list(KERNEL_PREFIX.values())}")
     head, hunks = [], []
     for line in diff.splitlines():
         if line.startswith("@@"):
@@ -570,16 +588,25 @@ def drop_renames(diff: str, old: int, new: int) -> str:
     def renames_only(hunk):
         minus = [x[1:] for x in hunk[1:] if x.startswith("-")]
         plus = [x[1:] for x in hunk[1:] if x.startswith("+")]
-        renamed = [x.replace(f"flash_v{old}(", f"flash_v{new}(") for x in minus]
+        renamed = [x.replace(f"{kernel}{old}(", f"{kernel}{new}(") for x in minus]
         return len(minus) == len(plus) > 0 and renamed == plus
 
     kept = [line for hunk in hunks if not renames_only(hunk) for line in hunk]
     return "\n".join(head + kept)
 
 
-def kernel_change(old: int, new: int) -> str:
-    """What changed in the code from forward version ``old`` to ``new``:
-    :func:`~flashref.gpu.forward_versions.kernel_diff` without the kernel's new name."""
-    from flashref.gpu.forward_versions import kernel_diff  # the registry, read on demand
+KERNEL_PREFIX = {"forward": "flash_v", "backward": "flash_bwd"}  # the main kernel's name
 
-    return drop_renames(kernel_diff(old, new), old, new)
+
+def kernel_change(old: int, new: int, family: str = "forward") -> str:
+    """What changed in the code from version ``old`` to ``new`` of the forward
+    (:func:`flashref.gpu.forward_versions.kernel_diff`) or, with ``family="backward"``, of
+    the backward (:func:`flashref.gpu.backward_versions.kernel_diff`), without the hunks
+    that only rename the kernel."""
+    if family == "forward":
+        from flashref.gpu.forward_versions import kernel_diff  # the registry, read on demand
+    elif family == "backward":
+        from flashref.gpu.backward_versions import kernel_diff
+    else:
+        raise ValueError(f"family = {family!r}; expected 'forward' or 'backward'")
+    return drop_renames(kernel_diff(old, new), old, new, KERNEL_PREFIX[family])

@@ -1,4 +1,4 @@
-"""Reading results/gpu_training.json and results/gpu_backward.json, on synthetic files.
+"""Reading results/gpu_training.json, gpu_backward.json and its profile, on synthetic files.
 
 The numbers here are made up for the test and live under pytest's tmp_path only.
 """
@@ -12,14 +12,20 @@ import math
 import pytest
 
 from flashref.recorded import (
+    against_flash_lines,
+    backward_bench,
+    backward_profile,
     backward_table,
     load_backward,
     load_training,
+    median_best,
     ratios_to_flash,
     step_host_lines,
     step_host_share,
+    training_lines,
     training_summary,
 )
+from flashref.reporting import counter_lines, step_verdict
 
 STEPS = 60
 
@@ -175,3 +181,81 @@ def test_broken_backward_files_are_named(tmp_path, change, message):
     change(data)
     with pytest.raises(ValueError, match=message):
         load_backward(_write(tmp_path, data))
+
+
+# ---- the backward run handed to flashref.reporting -------------------------------------------
+
+
+def _rounds_row(impl, version, N, tflops, rounds, causal=False, dtype="float16"):
+    row = _bwd_row(impl, version, N, tflops, causal=causal)
+    return {**row, "dtype": dtype, "round_ms": rounds}
+
+
+def _stepped():
+    """Versions 1 and 2 at three shapes: 2's rounds all faster at two, overlapping at one;
+    version 3 (sm_90a in the made-up registry below) faster than both everywhere."""
+    rows = []
+    for N, (a, b) in {1024: ([1.0, 1.1], [0.8, 0.85]), 4096: ([2.0, 2.1], [1.6, 1.7]),
+                      16384: ([4.0, 4.4], [4.1, 4.2])}.items():  # fmt: skip
+        rows.append(_rounds_row("flashref", 1, N, 100.0 / a[0], a))
+        rows.append(_rounds_row("flashref", 2, N, 100.0 / b[0], b))
+        rows.append(_rounds_row("flashref", 3, N, 1000.0, [0.1, 0.11]))
+        rows.append(_rounds_row("sdpa_flash", None, N, 110.0, [0.9, 0.95]))
+        rows.append(_rounds_row("sdpa_cudnn", None, N, 200.0, [0.5, 0.55]))
+    rows.append(_rounds_row("flashref", 24, 4096, 500.0, [0.1, 0.1]) | {"direction": "forward"})
+    return {"meta": {"gpu": "a GPU", "driver": "1.0", "date": "2026-12-01"}, "rows": rows}
+
+
+def test_backward_bench_is_judged_by_chapter_5s_rule(tmp_path):
+    bench = backward_bench(_write(tmp_path, _stepped()))
+    assert bench.dtypes == ("float16",) and bench.Ns == (1024, 4096, 16384)
+    assert bench.version(2, "float16", 64, False, 4096)["round_ms"] == [1.6, 1.7]
+    assert bench.row("sdpa_flash", "float16", 64, False, 4096)["tflops"] == 110.0
+    assert not any(r["impl"] == "v24" for r in bench.rows)  # the forward row left out
+    word, counts = step_verdict(bench, 1, 2, 64, False, control=0.5)
+    assert (word, counts["faster"], counts["within the spread"]) == ("gain", 2, 1)
+    assert step_verdict(bench, 1, 2, 64, False, control=0.7)[0] == "within the spread"
+    assert step_verdict(bench, 2, 1, 64, False, control=0.5)[0] == "loss"
+
+
+def test_backward_bench_names_a_row_without_rounds(tmp_path):
+    data = _stepped()
+    del data["rows"][4]["round_ms"]
+    with pytest.raises(ValueError, match=r"rows\[4\] has no rounds"):
+        backward_bench(_write(tmp_path, data))
+
+
+def test_backward_profile_prints_backward_versions(tmp_path):
+    rows = [{"impl": f"bwd{n}", "d": 64, "lts__t_requests_op_red.sum": r * 1e6}
+            for n, r in ((1, 800.0), (2, 0.0))]  # fmt: skip
+    profile = backward_profile(_write(tmp_path, {"meta": {}, "rows": rows}))
+    lines = counter_lines(profile, (1, 2), ["L2 reduction requests, M"], ratio=True)
+    assert lines[1].split()[-3:] == ["800.0", "0.0", "0.00x"]
+    bad = {"meta": {}, "rows": [{"impl": "v1", "d": 64}]}
+    with pytest.raises(ValueError, match=r"rows\[0\]\['impl'\] = 'v1'; expected 'bwd<n>'"):
+        backward_profile(_write(tmp_path, bad, "bad.json"))
+
+
+def test_median_best_and_against_flash(tmp_path):
+    _, rows = load_backward(_write(tmp_path, _stepped()))
+    assert median_best(rows, (1, 2)) == {("float16", 64, False): 2}
+    assert median_best(rows, (1, 2, 3)) == {("float16", 64, False): 3}
+    picks = {"two": lambda dtype, d, causal, N, got: 2,
+             "none": lambda dtype, d, causal, N, got: None}  # fmt: skip
+    lines = against_flash_lines(rows, picks, target=0.8, goal=1.0)
+    assert lines[0] == "N >= 4096, 2 configurations, TFLOP/s over SDPA FLASH's:"
+    # version 2: 100 / 1.6 = 62.5 and 100 / 4.1 = 24.4 TFLOP/s against FLASH's 110
+    assert lines[1] == "  two (bwd2): 0.22 to 0.57; >= 0.8 at 0 of 2, >= 1.0 at 0 of 2"
+    assert lines[2] == "    over cuDNN's: 0.12 to 0.31"
+    # both below the goal: FLASH's rounds (0.9, 0.95 ms) all faster than version 2's
+    assert lines[3].endswith("N = 4096: 0.568, rounds slower")
+    assert lines[-1] == "  none: not in this file"
+
+
+def test_training_lines_say_both_results(tmp_path):
+    meta, runs = load_training(_write(tmp_path, _training()))
+    runs[0]["s_per_step"] = 0.02  # flashref's step twice SDPA's
+    lines = training_lines(meta, runs, training_summary(runs))
+    assert lines[-2] == "flashref's validation loss as close to SDPA's as two seeds' are: True"
+    assert lines[-1] == "flashref's step as fast as SDPA's: False"
+    assert lines[2].split()[:4] == ["flashref,", "seed", "0", "20.0"]

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from flashref import reporting as rp
+from flashref.gpu import backward_versions
 
 NS = (1024, 4096)
 DTYPES = ("float16", "bfloat16")
@@ -243,3 +244,14 @@ def test_kernel_change_of_a_registered_version():
     text = rp.kernel_change(3, 4)
     assert "+#define LDS (D + 8)" in text
     assert "flash_v4(" not in text
+
+
+def test_kernel_change_of_a_backward_version():
+    text = rp.kernel_change(3, 4, "backward")
+    assert "red_add_v2(" in text
+    assert "flash_bwd4(" not in text  # the rename alone is left out
+    assert "flash_bwd4(" in backward_versions.kernel_diff(3, 4)  # where the diff has it
+    with pytest.raises(ValueError, match="family = 'sideways'"):
+        rp.kernel_change(3, 4, "sideways")
+    with pytest.raises(ValueError, match="kernel = 'flash_x'"):
+        rp.drop_renames("", 3, 4, kernel="flash_x")
