@@ -126,8 +126,8 @@ def replayed_lines(run: DecodeRun, dtypes=("float16",)) -> list[str]:
     below = [s for s, x in pairs if x < 1]
     apart = [s for s in below if run.row[s, ours]["graph_us_min"]
              > run.row[s, CUDNN]["graph_us_max"]]  # fmt: skip
-    out.append(f"  below 1.0x cuDNN: {len(below)}, of them with every round slower than "
-               f"every round of cuDNN's: {len(apart)}")  # fmt: skip
+    out.append(f"  below 1.0x cuDNN: {len(below)}; of them every round slower than every "
+               f"round of cuDNN's: {len(apart)}")  # fmt: skip
     for s in apart:
         out.append(f"    {shape_text(s)}: x {g(s, ours) / g(s, CUDNN):.3f}")
     return out
@@ -201,8 +201,8 @@ def version_lines(run: DecodeRun, sm90a_versions, defaults: tuple[int, int]) -> 
     best = max(score, key=key)
     anywhere = [v for v in score if v not in sm90a_versions]
     best_anywhere = max(anywhere, key=key)
-    out.append(f"the rule picks version {best} of all, {best_anywhere} of those for any GPU; "
-               f"version=None: {defaults[0]} on 9.0, {defaults[1]} elsewhere; the same: "
+    out.append(f"the rule picks version {best} of all, {best_anywhere} of those for any GPU;")
+    out.append(f"  version=None: {defaults[0]} on 9.0, {defaults[1]} elsewhere; the same: "
                f"{(best, best_anywhere) == tuple(defaults)}")  # fmt: skip
     spread = _median([(r["graph_us_max"] - r["graph_us_min"]) / r["graph_us"]
                       for r in run.measured if r.get("graph_us")])  # fmt: skip
@@ -210,9 +210,9 @@ def version_lines(run: DecodeRun, sm90a_versions, defaults: tuple[int, int]) -> 
     for pick, pool in ((best, group), (best_anywhere, anywhere)):
         runner = max((v for v in pool if v != pick), key=key)
         margin = score[pick][0] / score[runner][0] - 1
-        out.append(f"version {pick} over version {runner}: median ratio +{margin:.1%}, "
-                   f"inside a row's median spread of rounds ({spread:.1%}): "
-                   f"{margin < spread}")  # fmt: skip
+        out.append(f"version {pick} over version {runner}: median ratio +{margin:.1%}; inside "
+                   f"a row's median spread of rounds")  # fmt: skip
+        out.append(f"  ({spread:.1%}): {margin < spread}")
     return out
 
 
@@ -226,8 +226,9 @@ def serving_provenance_lines(data: dict, where: str) -> list[str]:
     out = [f"serving run ({where}): {m['gpu']}, driver {m['driver']}, {m['date']}, commit "
            f"{m['commit'][:7]}",
            f"  CUDA runtime {m['cuda_runtime']}, CuPy {m['cupy']}, torch {m['torch']}, "
-           f"{m['sm_count']} SMs; SM clock {c['min_mhz']}-{c['max_mhz']} MHz over "
-           f"{c['samples']} samples",
+           f"{m['sm_count']} SMs",
+           f"  SM clock {c['min_mhz']}-{c['max_mhz']} MHz over {c['samples']} samples during "
+           "the run",
            "  sources: " + ", ".join(f"{k} {v}" for k, v in m["sources"].items())
            + f", paged_cache.cu {m['cache_source']}"]  # fmt: skip
     out += textwrap.wrap(m["timing"], 74, initial_indent="  ", subsequent_indent="  ")
@@ -255,8 +256,9 @@ def paged_decode_lines(data: dict) -> list[str]:
             cells += f"{r[f'paged{p}_gbps']:>8.0f} ({x:.2f})"
         out.append(f"{head}{r['cudnn_gbps']:>7.0f}{cells}{r[f'paged{sizes[0]}_splits']:>4}")
     out.append(f"paged / cuDNN over {len(ratios)} rows: median {_median(ratios):.3f}, min "
-               f"{min(ratios):.3f}, max {max(ratios):.3f}; at 1.00 or more (to two "
-               f"places): {sum(round(x, 2) >= 1 for x in ratios)}")  # fmt: skip
+               f"{min(ratios):.3f}, max {max(ratios):.3f};")  # fmt: skip
+    out.append(f"  at 1.00 or more (to two places): {sum(round(x, 2) >= 1 for x in ratios)} of "
+               f"{len(ratios)}")  # fmt: skip
     return out
 
 
@@ -267,10 +269,10 @@ def append_lines(data: dict) -> list[str]:
     r0 = a[0]
     out = [f"append of n new tokens for B = {r0['B']} sequences, Hkv = {r0['Hkv']}, "
            f"d = {r0['d']}, {r0['dtype']}: GB/s written",
-           f"{'n':>5}{'bytes':>11}{'us':>8}{'append':>8}{'copy_':>7}{'ratio':>7}"
+           f"{'n':>5}{'bytes':>13}{'us':>8}{'append':>8}{'copy_':>7}{'ratio':>7}"
            f"{'of HBM copy':>13}{'exact':>7}"]  # fmt: skip
     for r in a:
-        out.append(f"{r['n']:>5}{r['bytes_written']:>11,}{r['append_us']:>8.1f}"
+        out.append(f"{r['n']:>5}{r['bytes_written']:>13,}{r['append_us']:>8.1f}"
                    f"{r['append_gbps']:>8.0f}{r['copy_gbps']:>7.0f}{r['ratio_to_copy']:>7.2f}"
                    f"{r['fraction_of_hbm_copy']:>13.0%}{r['exact']!s:>7}")  # fmt: skip
     return out
@@ -293,14 +295,16 @@ def generation_lines(data: dict) -> list[str]:
                    f"{r['sdpa_tokens_per_s']:>12,.0f}{r['ratio_tokens_per_s']:>7.2f}"
                    f"{r['flashref_step_us']:>9.0f}{r['sdpa_step_us']:>7.0f}")  # fmt: skip
     for r in data["generation"]:
-        copies = {g: r[f"{g}_loop_copies"] for g in ("flashref", "sdpa")}
+        copies = {g: ", ".join(f"{k} {n}" for k, n in r[f"{g}_loop_copies"].items())
+                  for g in ("flashref", "sdpa")}  # fmt: skip
         first = sorted(x for x in r["first_difference"] if x is not None)
         diverge = f", first differences at tokens {first}" if first else ""
         if len(first) > 8:
             diverge = (f"; the others first differ between new tokens {first[0]} and "
                        f"{first[-1]} (median {_median(first):.0f})")  # fmt: skip
-        out.append(f"B = {r['B']}: copies in the replay loop (profiler) flashref "
-                   f"{copies['flashref']}, SDPA {copies['sdpa']}; the cache's own count of "
-                   f"host-to-device copies {r['flashref_loop_host_copies']}")  # fmt: skip
+        out.append(f"B = {r['B']}: copies in the replay loop (profiler): flashref "
+                   f"{copies['flashref']}; SDPA {copies['sdpa']}")  # fmt: skip
+        out.append(f"  the paged cache's own count of host-to-device copies in the loop: "
+                   f"{r['flashref_loop_host_copies']}")  # fmt: skip
         out.append(f"  greedy sequences identical: {r['sequences_equal']} of {r['B']}{diverge}")
     return out
