@@ -228,9 +228,10 @@ def serving_provenance_lines(data: dict, where: str) -> list[str]:
            f"  CUDA runtime {m['cuda_runtime']}, CuPy {m['cupy']}, torch {m['torch']}, "
            f"{m['sm_count']} SMs",
            f"  SM clock {c['min_mhz']}-{c['max_mhz']} MHz over {c['samples']} samples during "
-           "the run",
-           "  sources: " + ", ".join(f"{k} {v}" for k, v in m["sources"].items())
-           + f", paged_cache.cu {m['cache_source']}"]  # fmt: skip
+           "the run"]  # fmt: skip
+    sources = {**m["sources"], **m.get("other_sources", {})}
+    out += textwrap.wrap("sources: " + ", ".join(f"{k} {v}" for k, v in sources.items()), 74,
+                         initial_indent="  ", subsequent_indent="    ")  # fmt: skip
     out += textwrap.wrap(m["timing"], 74, initial_indent="  ", subsequent_indent="  ")
     return out
 
@@ -307,4 +308,27 @@ def generation_lines(data: dict) -> list[str]:
         out.append(f"  the paged cache's own count of host-to-device copies in the loop: "
                    f"{r['flashref_loop_host_copies']}")  # fmt: skip
         out.append(f"  greedy sequences identical: {r['sequences_equal']} of {r['B']}{diverge}")
+        gaps = [g for g in r.get("gap_at_difference", []) if g is not None]
+        if gaps:
+            out.append(f"  where they part, the two tokens' logits differ by at most "
+                       f"{max(gaps):.3f}")  # fmt: skip
+    return out
+
+
+def prefill_lines(data: dict) -> list[str]:
+    """Chunked prefill (``paged_prefill_attention``, one prompt in chunks through the pages)
+    beside one causal forward over the contiguous prompt and SDPA cuDNN's, us per prompt,
+    with each shape's work tiles per chunk against the GPU's SMs."""
+    sms = data["meta"]["sm_count"]
+    out = ["one prompt of N tokens, B = 1: us per prompt (ratio: the other's time / chunked)",
+           f"{'':5}{'H':>3}{'d':>5}{'N':>6}{'chunk':>6}{'chunked':>9}{'forward':>9}{'cuDNN':>7}"
+           f"{'x fwd':>7}{'x cuDNN':>8}{'tiles/chunk':>13}"]  # fmt: skip
+    for r in data["prefill"]:
+        tiles = -(-r["chunk"] // 128) * r["B"] * r["H"]  # query blocks of 128 x heads
+        out.append(f"{short_dtype(r['dtype']):5}{r['H']:>3}{r['d']:>5}{r['N']:>6}{r['chunk']:>6}"
+                   f"{r['chunked_us']:>9.0f}{r['one_forward_us']:>9.0f}{r['cudnn_us']:>7.0f}"
+                   f"{r['ratio_to_one_forward']:>7.2f}{r['ratio_to_cudnn']:>8.2f}"
+                   f"{tiles:>13}")  # fmt: skip
+    out.append(f"the GPU has {sms} SMs; the kernel runs min(tiles, SMs) blocks of one tile "
+               "at a time each")  # fmt: skip
     return out

@@ -56,6 +56,14 @@ def test_serving_lines_read_the_file(serving):
     assert len(dr.append_lines(serving)) == 2 + len(serving["append"])
     prov = dr.serving_provenance_lines(serving, "x")
     assert serving["meta"]["commit"][:7] in prov[0]
+    for name, h in serving["meta"]["other_sources"].items():
+        assert name in "\n".join(prov) and h in "\n".join(prov)
+    rows = dr.prefill_lines(serving)
+    assert len(rows) == 3 + len(serving["prefill"])
+    for r, line in zip(serving["prefill"], rows[2:], strict=False):
+        assert f"{r['chunked_us']:.0f}" in line and f"{r['ratio_to_one_forward']:.2f}" in line
+    gaps = [g for r in serving["generation"] for g in r["gap_at_difference"] if g is not None]
+    assert f"{max(gaps):.3f}" in "\n".join(dr.generation_lines(serving))
 
 
 def test_generation_lines_name_where_sequences_part():
