@@ -210,8 +210,9 @@ for _reason in ("long_scoreboard", "short_scoreboard", "wait", "barrier", "math_
 
 
 def counter_lines(profile: Profile, numbers: Iterable[int], names: Iterable[str],
-                  ratio: bool = False) -> list[str]:  # fmt: skip
-    """The named counters (keys of :data:`COUNTERS`) of these versions at every head dim.
+                  ratio: bool = False, dims: Iterable[int] | None = None) -> list[str]:  # fmt: skip
+    """The named counters (keys of :data:`COUNTERS`) of these versions at every head dim
+    (or at ``dims`` only).
 
     With ``ratio=True`` (two versions) a column new/old follows each head dimension.
     A version missing from the profile prints ``-``.
@@ -227,15 +228,19 @@ def counter_lines(profile: Profile, numbers: Iterable[int], names: Iterable[str]
         raise ValueError("numbers and names must each name at least one")
     if ratio and len(numbers) != 2:
         raise ValueError(f"ratio=True compares two versions; numbers has {len(numbers)}")
+    dims = profile.dims if dims is None else list(dims)
+    missing = [d for d in dims if d not in profile.dims]
+    if missing or not dims:
+        raise ValueError(f"dims: {dims} is not a non-empty subset of the profile's {profile.dims}")
     head = ""
-    for d in profile.dims:
+    for d in dims:
         head += "".join(f"{f'v{n} d={d}':>10}" for n in numbers)
         head += f"{'new/old':>8}" if ratio else ""
     lines = [f"{'':30}" + head]
     for name in names:
         value, fmt = COUNTERS[name]
         cells = ""
-        for d in profile.dims:
+        for d in dims:
             got = [profile.row(n, d) for n in numbers]
             vals = [None if r is None else value(r) for r in got]
             cells += "".join(f"{'-':>10}" if v is None else format(v, ">10" + fmt) for v in vals)

@@ -206,6 +206,10 @@ def test_counter_lines_print_values_ratios_and_gaps():
         rp.counter_lines(prof, [3], ["speed"])
     with pytest.raises(ValueError, match="ratio=True compares two versions"):
         rp.counter_lines(prof, [3], ["time in ncu, ms"], ratio=True)
+    one = rp.counter_lines(prof, [3, 4], ["time in ncu, ms"], dims=[128])
+    assert one[0].split() == ["v3", "d=128", "v4", "d=128"] and one[1].split()[-2:] == ["4.00", "-"]
+    with pytest.raises(ValueError, match="dims: \\[96\\] is not"):
+        rp.counter_lines(prof, [3], ["time in ncu, ms"], dims=[96])
 
 
 def test_resident_warps_takes_the_tightest_budget():
