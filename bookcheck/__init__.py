@@ -2,7 +2,8 @@
 
 Every page of ``_build/html`` is opened in headless Chromium at 1280 px with the
 network closed to it, checked (console, requests, formulas, images, widths, links)
-and photographed into ``_build/screenshots/``; the search page must find a word
+and photographed into ``_build/screenshots/``; a chapter page (under ``notebooks/``)
+may be at most 25 screens of 1280 x 1000 px long; the search page must find a word
 the book contains. ``make test`` runs it after the strict book build:
 
     .venv/bin/python -m pytest bookcheck/

@@ -5,6 +5,7 @@ waits for MathJax, takes a full-page screenshot, runs ``page_checks.js`` inside 
 page, and resolves every link against the built files. Each problem is one line
 that names the page, the element and what is wrong with it. ``check_site`` does
 that for many pages, two browsers at a time; ``search`` asks the book's search page.
+``too_long`` holds a chapter page's height to the book's limit of ``MAX_SCREENS``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 import queue
 import re
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,10 @@ SETTLED = """async () => {
 # The longest chapter takes seconds to lay out and to photograph on two busy cores;
 # a page that needs more than this is a problem in itself.
 TIMEOUT_MS = 120_000
+# A chapter page is read on a screen of 1280 x 1000 px and may be at most this many
+# screens long, counted at the window's width (1280 px) with its folded content folded.
+SCREEN_HEIGHT = 1000
+MAX_SCREENS = 25
 
 
 @dataclass
@@ -38,6 +44,7 @@ class Report:
     requested: list[str] = field(default_factory=list)  # every URL the page asked for
     prev: str | None = None  # the footer's previous-page link (a path under the root)
     next: str | None = None  # the footer's next-page link
+    height: int | None = None  # the whole page's height in px, as loaded (nothing unfolded)
 
     def add(self, element: str, problem: str) -> None:
         self.problems.append(f"{self.page}: {element}: {problem}")
@@ -101,6 +108,7 @@ def check_page(browser, base_url: str, root: Path, page: str, screenshot: Path |
         tab.on("pageerror", lambda error: report.add("page", f"uncaught exception: {error}"))
         tab.goto(base_url + page, wait_until="load")
         tab.evaluate(SETTLED)
+        report.height = tab.evaluate("document.documentElement.scrollHeight")
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             tab.screenshot(path=screenshot, full_page=True)
@@ -159,6 +167,24 @@ def check_site(
     for thread in threads:
         thread.join()
     return {page: reports.get(page) or unchecked(page, failed[0]) for page in pages}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """The (width, height) in px of the PNG file ``path``, read from its header."""
+    header = Path(path).read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG file"
+    return struct.unpack(">II", header[16:24])
+
+
+def too_long(page: str, height: int) -> str | None:
+    """Why a page ``height`` px tall is over the limit of ``MAX_SCREENS``, or None."""
+    if height <= MAX_SCREENS * SCREEN_HEIGHT:
+        return None
+    return (
+        f"{page}: page: {height / SCREEN_HEIGHT:.1f} screens long ({height} px at"
+        f" {WINDOW['width']} px wide, a screen {SCREEN_HEIGHT} px), over the limit of"
+        f" {MAX_SCREENS} screens"
+    )
 
 
 def new_context(browser):

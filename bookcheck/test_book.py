@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import struct
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -11,7 +10,13 @@ import pytest
 import yaml
 
 from bookcheck.browser import WINDOW, serve
-from bookcheck.pages import check_site, redirect_target, search
+from bookcheck.pages import (
+    check_site,
+    png_size,
+    redirect_target,
+    search,
+    too_long,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK = ROOT / "_build" / "html"
@@ -27,6 +32,7 @@ def book_pages() -> list[str]:
 
 
 PAGES = book_pages()
+CHAPTERS = [page for page in PAGES if page.startswith("notebooks/")]  # appendices too
 
 
 def toc_order() -> list[str]:
@@ -48,12 +54,6 @@ def toc_order() -> list[str]:
 
 def screenshot_of(page: str) -> Path:
     return SHOTS / (page.removesuffix(".html").replace("/", "__") + ".png")
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    header = path.read_bytes()[:24]
-    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG file"
-    return struct.unpack(">II", header[16:24])
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,24 @@ def test_page(book, page):
     if redirect_target(BOOK / page) is None:
         width, height = png_size(screenshot_of(page))
         assert width == WINDOW["width"] and height >= WINDOW["height"], (width, height)
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_a_chapter_page_is_within_the_length_limit(book, page):
+    report = book[1][page]
+    shot = screenshot_of(page)
+    if not shot.is_file():  # the page could not be checked: its report says why
+        pytest.fail(f"{page}: no screenshot\n{report}", pytrace=False)
+    width, height = png_size(shot)
+    # The screenshot is the whole page, as the reader first sees it: not the window alone,
+    # nor cut off at some largest picture a browser will take.
+    assert width == WINDOW["width"] and height >= report.height, (
+        f"{page}: the screenshot is {width} x {height} px, the page"
+        f" {WINDOW['width']} x {report.height} px"
+    )
+    problem = too_long(page, height)
+    if problem:
+        pytest.fail(problem, pytrace=False)
 
 
 def test_previous_and_next_links_walk_the_table_of_contents(book):

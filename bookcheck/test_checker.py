@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from bookcheck.browser import serve
-from bookcheck.pages import check_page, new_context
+from bookcheck.browser import WINDOW, serve
+from bookcheck.pages import (
+    MAX_SCREENS,
+    SCREEN_HEIGHT,
+    check_page,
+    new_context,
+    png_size,
+    too_long,
+)
 
 MATHJAX = Path(__file__).resolve().parent.parent / "book" / "_static" / "mathjax"
 
@@ -131,6 +138,8 @@ DEFECTS = {
     ),
 }
 WITH_MATH = {"broken_formula.html", "tex_error.html", "unknown_macro.html"}
+LIMIT = MAX_SCREENS * SCREEN_HEIGHT  # px: the longest a chapter page may be
+LONG = {"at_the_limit.html": LIMIT, "over_the_limit.html": LIMIT + 1}  # page: its height
 
 
 def write_page(folder: Path, name: str, body: str, mathjax: bool = True) -> None:
@@ -156,6 +165,11 @@ def site(tmp_path_factory):
         else:  # MathJax takes a while to start, and these pages have no formula
             write_page(folder, name, CLEAN + defect, mathjax=False)
     write_page(folder, "no_mathjax.html", CLEAN + MATH, mathjax=False)
+    for name, height in LONG.items():  # nothing but a block of that height
+        (folder / name).write_text(
+            '<!DOCTYPE html><html><head><meta charset="utf-8"><title>long</title></head>'
+            f'<body style="margin: 0"><div style="height: {height}px"></div></body></html>\n'
+        )
     redirect = '<meta http-equiv="Refresh" content="0; url=gone.html" />'
     (folder / "redirect.html").write_text(redirect)
     with serve(folder) as url:
@@ -201,3 +215,19 @@ def test_a_redirect_to_a_missing_page(context, site):
     (line,) = problems(context, site, "redirect.html")
     assert line.startswith("redirect.html: <meta http-equiv=refresh>: redirect to http://")
     assert line.endswith("/gone.html: no such page (gone.html)")
+
+
+@pytest.mark.parametrize("page", LONG)
+def test_a_page_is_photographed_whole_and_held_to_the_length_limit(context, site, page, tmp_path):
+    url, folder = site
+    shot = tmp_path / "page.png"
+    report = check_page(context, url, folder, page, shot)
+    assert report.problems == []
+    assert report.height == LONG[page] and png_size(shot) == (WINDOW["width"], LONG[page])
+    if LONG[page] <= LIMIT:
+        assert too_long(page, report.height) is None
+    else:
+        assert too_long(page, report.height) == (
+            f"{page}: page: 25.0 screens long (25001 px at 1280 px wide, a screen 1000 px),"
+            " over the limit of 25 screens"
+        )
