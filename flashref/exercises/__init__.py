@@ -47,6 +47,12 @@ _CHECKERS = {
     "check_ring_parity": "hopper",
     "check_producer_wait": "hopper",
     "check_wait_group": "hopper",
+    "check_crossing_memory": "traffic",
+    "check_q_outer_traffic": "traffic",
+    "check_l2_fit": "traffic",
+    "check_warp_tiles": "beyond",
+    "check_lazy_update": "beyond",
+    "check_l2_walk": "beyond",
 }
 
 __all__ = ["CheckResult", "Failure", *_CHECKERS]
