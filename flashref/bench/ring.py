@@ -1,12 +1,21 @@
 """Run ring attention on this machine's GPUs (NCCL) or CPUs (gloo), check it, time it.
 
-    python -m flashref.bench.ring --gpus 2 --seq 131072 [--layout zigzag] [--causal]
-                                [--dtype bf16] [--check] [--out results/gpu_ring.json]
+    torchrun --nproc-per-node 2 -m flashref.bench.ring --gpus 2 --seq 131072 [--layout zigzag]
+             [--causal] [--dtype bf16] [--check] [--no-multicast] [--out results/gpu_ring.json]
     python -m flashref.bench.ring --cpu 3 --seq 96 --layout zigzag --causal --check
 
-One process per device (``torch.multiprocessing.spawn``), each running
-``flashref.ring.dist.ring_forward`` on its shard. Rank 0 draws seeded q, k, v of shape
-``(batch, heads, seq, head_dim)`` and broadcasts them; every rank keeps its shard.
+One process per device, each running ``flashref.ring.dist.ring_forward`` on its shard.
+Under ``torchrun`` (any number of nodes: its rendezvous, ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK``; each process uses GPU ``LOCAL_RANK``) this process is one of them;
+started plainly, it starts them itself (``torch.multiprocessing.spawn``, one host, a file
+rendezvous). Rank 0 draws seeded q, k, v of shape ``(batch, heads, seq, head_dim)`` and
+broadcasts them; every rank keeps its shard.
+
+The environment is the user's: ``--no-multicast`` sets ``MULTICAST_OFF`` (NCCL's, torch's
+and NVSHMEM's NVLink multicast off) in every process, for a machine whose GPUs must not use
+it; without it nothing is set. Under ``torchrun`` set them in the launching shell instead
+(``NCCL_NVLS_ENABLE=0 torchrun ...``): NCCL reads them when it starts, and the flag sets
+them in this process before NCCL starts.
 
 ``--check`` gathers the output on rank 0 and compares it with attention on the whole
 sequence on one device: on CPUs (float64) ``flashref.naive_attention``, relative error at
@@ -48,17 +57,43 @@ RTOL64 = 1e-12  # float64: see tests/ring/test_ring.py
 PROG = "python -m flashref.bench.ring"
 
 
-def spawn(fn, nprocs: int, *args) -> None:
-    """Run ``fn(rank, nprocs, init_method, *args)`` in ``nprocs`` new processes.
+# NVLink multicast (NVLS) off in NCCL, torch's symmetric memory and NVSHMEM: --no-multicast
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
-    Every process gets ``ring_dist.NO_MULTICAST`` in its environment; they meet through a
-    file (``init_method``) in a fresh temporary directory, so no port can be taken already.
+
+def multicast_off() -> None:
+    """Set ``MULTICAST_OFF`` in ``os.environ`` (processes started after inherit it); a
+    ``NCCL_NVLS_ENABLE`` already set to another value is an error, not overwritten."""
+    value = os.environ.get("NCCL_NVLS_ENABLE")
+    if value not in (None, "0"):
+        raise RuntimeError(
+            f"NCCL_NVLS_ENABLE is set to {value!r} and --no-multicast asks for 0: unset it or "
+            "leave out --no-multicast"
+        )
+    os.environ.update(MULTICAST_OFF)
+
+
+def torchrun_ranks() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` when this process was started by ``torchrun``
+    (its environment variables), else None."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    if not all(n in os.environ for n in names):
+        return None
+    return tuple(int(os.environ[n]) for n in names)
+
+
+def spawn(fn, nprocs: int, *args) -> None:
+    """Run ``fn(rank, nprocs, init_method, *args)`` in ``nprocs`` new processes on this host.
+
+    They inherit this process's environment and meet through a file (``init_method``) in a
+    fresh temporary directory, so no port can be taken already.
     """
     import torch.multiprocessing as mp
 
-    from ..ring.dist import no_multicast_env
-
-    no_multicast_env()  # children inherit os.environ
     with tempfile.TemporaryDirectory() as tmp:
         init_method = f"file://{os.path.join(tmp, 'rendezvous')}"
         mp.spawn(fn, args=(nprocs, init_method, *args), nprocs=nprocs, join=True)
@@ -67,46 +102,55 @@ def spawn(fn, nprocs: int, *args) -> None:
 ATTEND = ("reference", "flash")
 
 
-def _gather(O, lse, pairs, layout):
-    """Every rank's ``(O, lse, pairs)``, in global order: on rank 0 ``(O, lse, pairs (W, W))``."""
+def _gather(O, lse, pairs, layout, group=None):
+    """Every rank's ``(O, lse, pairs)`` of ``group`` (default: all), in sequence order:
+    ``(O, lse, pairs (W, W))``."""
     import torch
     import torch.distributed as dist
 
     from ..ring.dist import unshard
 
-    W = dist.get_world_size()
+    W = dist.get_world_size(group)
     Os, lses = [torch.empty_like(O) for _ in range(W)], [torch.empty_like(lse) for _ in range(W)]
-    dist.all_gather(Os, O)
-    dist.all_gather(lses, lse)
+    dist.all_gather(Os, O, group=group)
+    dist.all_gather(lses, lse, group=group)
     all_pairs = [None] * W
-    dist.all_gather_object(all_pairs, pairs)
+    dist.all_gather_object(all_pairs, pairs, group=group)
     lse = unshard([x[..., None] for x in lses], layout)[..., 0]  # (..., N)
     return unshard(Os, layout), lse, np.array(all_pairs).T  # (..., N, dv), (..., N), (W, W)
 
 
-def _gloo_rank(rank, W, init_method, q, k, v, causal, layout, scale, attend, out_path):
+def _gloo_rank(rank, n, init_method, q, k, v, causal, layout, scale, attend, out_path, spare):
+    """One of ``n`` processes; with ``spare`` > 0 the ring is the group of the last
+    ``n - spare`` ranks (``ring_forward(group=)``) and the first ``spare`` only look on."""
     import torch
     import torch.distributed as dist
 
     from ..ring import dist as rd
 
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=W)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=n)
     try:
+        group = dist.new_group(list(range(spare, n))) if spare else None  # every rank calls it
+        if rank < spare:
+            return
+        r, W = rank - spare, n - spare  # the rank in the ring's group, its size
         fn = rd.reference_attend if attend == "reference" else rd.flash_attend_from_cpu
-        parts = [rd.shard(torch.from_numpy(x), rank, W, layout) for x in (q, k, v)]
+        parts = [rd.shard(torch.from_numpy(x), r, W, layout) for x in (q, k, v)]
         out = rd.ring_forward(
-            *parts, N=q.shape[-2], causal=causal, layout=layout, attend=fn, scale=scale
-        )
-        O, lse, pairs = _gather(*out, layout)
-        if rank == 0:
+            *parts, N=q.shape[-2], causal=causal, layout=layout, attend=fn, scale=scale,
+            group=group,
+        )  # fmt: skip
+        O, lse, pairs = _gather(*out, layout, group)
+        if r == 0:
             np.savez(out_path, O=O.numpy(), lse=lse.numpy(), pairs=pairs)
     finally:
         dist.destroy_process_group()
 
 
 def ring_attention_gloo(
-    q, k, v, *, world_size, causal=False, layout="contiguous", scale=None, attend="reference"
-):
+    q, k, v, *, world_size, causal=False, layout="contiguous", scale=None, attend="reference",
+    spare=0,
+):  # fmt: skip
     """``flashref.ring_attention`` run by ``world_size`` real processes talking over gloo.
 
     NumPy arrays ``(..., N, d)`` in (one sequence: ``q`` and ``k`` of one length and the
@@ -114,6 +158,8 @@ def ring_attention_gloo(
     (step, rank). ``attend="reference"``: each rank computes in the inputs' dtype with
     ``reference_attend``; ``"flash"``: with flashref's kernel on GPU 0 (float16 inputs),
     so that the pairs a ring gives the kernel are tested on a machine with one GPU.
+    ``spare``: as many more processes, ranks 0 .. spare - 1, outside the ring: the ring runs
+    in the process group of the others (``ring_forward(group=)``), as in a larger mesh.
     """
     q, k, v, dtype, G = check_qkv(q, k, v)
     if G != 1 or q.shape[-2] != k.shape[-2]:
@@ -132,7 +178,9 @@ def ring_attention_gloo(
     q, k, v = (np.ascontiguousarray(x, dtype=dtype) for x in (q, k, v))  # one dtype
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "out.npz")
-        spawn(_gloo_rank, world_size, q, k, v, causal, layout, scale, attend, path)
+        if isinstance(spare, bool) or not isinstance(spare, int) or spare < 0:
+            raise ValueError(f"spare must be an int >= 0, got {spare!r}")
+        spawn(_gloo_rank, world_size + spare, q, k, v, causal, layout, scale, attend, path, spare)
         with np.load(path) as f:
             return f["O"], f["lse"], f["pairs"]
 
@@ -154,6 +202,11 @@ def parse(argv):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-multicast",
+        action="store_true",
+        help="NVLink multicast off in every process (NCCL_NVLS_ENABLE=0, ...)",
+    )
     args = p.parse_args(argv)
     for name in ("gpus", "cpu", "seq", "batch", "heads", "head_dim", "reps"):
         value = getattr(args, name)
@@ -161,10 +214,16 @@ def parse(argv):
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
-    if os.environ.get("NCCL_NVLS_ENABLE") not in (None, "0"):
+    if args.no_multicast and os.environ.get("NCCL_NVLS_ENABLE") not in (None, "0"):
         p.error(
-            f"NCCL_NVLS_ENABLE is set to {os.environ['NCCL_NVLS_ENABLE']!r}; ring attention keeps "
-            "NCCL's NVLink multicast off (NCCL_NVLS_ENABLE=0): unset it or set it to 0"
+            f"NCCL_NVLS_ENABLE is set to {os.environ['NCCL_NVLS_ENABLE']!r} and --no-multicast "
+            "asks for 0: unset it or leave out --no-multicast"
+        )
+    launched = torchrun_ranks()
+    if launched is not None and launched[1] != (args.gpus or args.cpu):
+        p.error(
+            f"torchrun started {launched[1]} processes but --{'gpus' if args.gpus else 'cpu'} "
+            f"asks for {args.gpus or args.cpu}: give the same number to both"
         )
     try:
         import torch  # noqa: F401
@@ -188,7 +247,11 @@ def _check_gpus(p, args):
     from ..gpu.forward import _check_version
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if have < args.gpus:
+    launched = torchrun_ranks()
+    if launched is not None:  # one process of this node: its GPU is LOCAL_RANK
+        if launched[2] >= have:
+            p.error(f"LOCAL_RANK {launched[2]}: torch sees {have} CUDA GPU(s) on this node")
+    elif have < args.gpus:
         p.error(f"--gpus {args.gpus}: torch sees {have} CUDA GPU(s) on this machine")
     if not dist.is_nccl_available():
         p.error("--gpus: this torch was built without NCCL")
@@ -202,16 +265,16 @@ def _check_gpus(p, args):
             p.error(f"--head-dim {args.head_dim}: {exc}")
 
 
-def _setup(rank, W, init_method, gpu):
+def _setup(rank, W, init_method, gpu, local_rank):
     import torch
     import torch.distributed as dist
 
     if gpu:
         import cupy
 
-        torch.cuda.set_device(rank)
-        cupy.cuda.Device(rank).use()
-        device = torch.device("cuda", rank)
+        torch.cuda.set_device(local_rank)
+        cupy.cuda.Device(local_rank).use()
+        device = torch.device("cuda", local_rank)
         dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=W,
                                 device_id=device)  # fmt: skip
     else:
@@ -220,14 +283,14 @@ def _setup(rank, W, init_method, gpu):
     return device
 
 
-def _rank_main(rank, W, init_method, args, result_path):
+def _rank_main(rank, W, init_method, args, result_path, local_rank=None):
     import torch
     import torch.distributed as dist
 
     from ..ring import dist as rd
 
     gpu = bool(args.gpus)
-    device = _setup(rank, W, init_method, gpu)
+    device = _setup(rank, W, init_method, gpu, rank if local_rank is None else local_rank)
     try:
         dtype = getattr(torch, DTYPES[args.dtype]) if gpu else torch.float64
         shape = (args.batch, args.heads, args.seq, args.head_dim)  # (B, H, N, d)
@@ -269,9 +332,17 @@ def _check_cpu(q, k, v, O, lse, causal):
 def main(argv=None) -> int:
     args = parse(argv)
     W = args.gpus or args.cpu
+    if args.no_multicast:
+        multicast_off()  # before NCCL starts, here and in the processes spawned
+    launched = torchrun_ranks()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
-        spawn(_rank_main, W, args, path)
+        if launched is None:
+            spawn(_rank_main, W, args, path)
+        else:  # this process is rank launched[0] of torchrun's W
+            _rank_main(launched[0], W, "env://", args, path, local_rank=launched[2])
+            if launched[0] != 0:
+                return 0  # rank 0 reports
         result = json.loads(Path(path).read_text())
     shape = {"batch": args.batch, "heads": args.heads, "seq": args.seq,
              "head_dim": args.head_dim, "layout": args.layout, "causal": args.causal,

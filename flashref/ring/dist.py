@@ -24,31 +24,12 @@ torch is imported only here; ``import flashref`` does not import this module.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .simulate import _check_layout, shard_positions
-
-# NVLink multicast (NVLS) stays off in every process we start: the GPU machines require it.
-NO_MULTICAST = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
-
-def no_multicast_env() -> None:
-    """Set ``NO_MULTICAST`` in ``os.environ``; refuse a user's ``NCCL_NVLS_ENABLE`` other than 0."""
-    value = os.environ.get("NCCL_NVLS_ENABLE")
-    if value not in (None, "0"):
-        raise RuntimeError(
-            f"NCCL_NVLS_ENABLE is set to {value!r}; ring attention keeps NCCL's NVLink "
-            "multicast off (NCCL_NVLS_ENABLE=0): unset it or set it to 0"
-        )
-    os.environ.update(NO_MULTICAST)
 
 
 def merge(O_a, lse_a, O_b, lse_b):
@@ -153,7 +134,7 @@ def unshard(shards, layout: str):
     return out
 
 
-def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None):
+def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None, group=None):
     """This rank's part of ring attention; ``dist`` must be initialised (any backend).
 
     ``q (..., n, d)``, ``k (..., n, d)``, ``v (..., n, dv)``: this rank's shard
@@ -162,8 +143,18 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
     (..., n)`` (float32; float64 for float64 input) and ``pairs[step]``, the (query, key)
     pairs computed at each step, as ``RingSchedule.pairs[:, rank]``. On CUDA, a list
     ``timings`` receives one dict of CUDA events per step (``step_times`` reads them).
+
+    ``group``: the process group the ring runs in (default: the default group), so that a
+    ring can be one dimension of a larger mesh; ranks and the shard index are the group's.
+    The ring sets no environment variable: what a machine's NCCL needs (for example
+    ``NCCL_NVLS_ENABLE=0`` where NVLink multicast must stay off) is the launcher's to set
+    (``python -m flashref.bench.ring --no-multicast``).
     """
-    rank, W = dist.get_rank(), dist.get_world_size()
+    rank, W = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of group: call ring_forward on its ranks")
+    send_to = _global(group, (rank + 1) % W)
+    recv_from = _global(group, (rank - 1) % W)
     _check_layout(N, W, layout)
     if q.shape[-2] * W != N:
         raise ValueError(
@@ -194,10 +185,10 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
                     ev["comm_start"].record()
                 reqs = dist.batch_isend_irecv(
                     [
-                        dist.P2POp(dist.isend, K, (rank + 1) % W),
-                        dist.P2POp(dist.isend, V, (rank + 1) % W),
-                        dist.P2POp(dist.irecv, K_next, (rank - 1) % W),
-                        dist.P2POp(dist.irecv, V_next, (rank - 1) % W),
+                        dist.P2POp(dist.isend, K, send_to, group),
+                        dist.P2POp(dist.isend, V, send_to, group),
+                        dist.P2POp(dist.irecv, K_next, recv_from, group),
+                        dist.P2POp(dist.irecv, V_next, recv_from, group),
                     ]
                 )
         if cuda:
@@ -225,6 +216,11 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
         if timings is not None and cuda:
             timings.append(ev)
     return O.to(q.dtype), lse, pairs
+
+
+def _global(group, rank: int) -> int:
+    """The global rank of ``group``'s rank ``rank`` (P2POp takes global peers)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
 
 
 def flash_attend_from_cpu(q, k, v, *, causal, scale):

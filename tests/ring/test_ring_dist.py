@@ -159,17 +159,70 @@ def test_import_flashref_does_not_import_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_multicast_stays_off(monkeypatch):
+def test_a_ring_in_a_group_of_a_larger_world():
+    """The ring as one dimension of a mesh: 3 ranks of a world of 5 (ranks 2, 3, 4), the
+    group's ranks and peers, the same result as the simulation."""
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((2, 24, 5)) for _ in range(3))
+    O, lse, pairs = ring_cli.ring_attention_gloo(q, k, v, world_size=3, causal=True,
+                                                 layout="zigzag", spare=2)  # fmt: skip
+    want, want_lse, schedule = ring_attention(q, k, v, world_size=3, causal=True,
+                                              layout="zigzag", return_lse=True,
+                                              return_schedule=True)  # fmt: skip
+    assert rel(O, want) <= RTOL64 and rel(lse, want_lse) <= RTOL64
+    assert pairs.tolist() == schedule.pairs.tolist()
+
+
+def test_the_ring_sets_no_environment():
+    """The library leaves NCCL's environment to the user: no variable set, none refused."""
+    import inspect
+
+    source = inspect.getsource(ring_dist)
+    assert "os.environ" not in source and "NCCL_" not in source.replace("NCCL_NVLS_ENABLE=0", "")
+
+
+def test_no_multicast_is_the_launchers_option(monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    with pytest.raises(RuntimeError, match="NCCL_NVLS_ENABLE is set to '1'"):
-        ring_dist.no_multicast_env()
+    with pytest.raises(RuntimeError, match="NCCL_NVLS_ENABLE is set to '1' and --no-multicast"):
+        ring_cli.multicast_off()
     monkeypatch.delenv("NCCL_NVLS_ENABLE")
-    for name in ring_dist.NO_MULTICAST:
+    for name in ring_cli.MULTICAST_OFF:
         monkeypatch.delenv(name, raising=False)
-    ring_dist.no_multicast_env()
+    ring_cli.multicast_off()
     import os
 
-    assert {n: os.environ[n] for n in ring_dist.NO_MULTICAST} == ring_dist.NO_MULTICAST
+    assert {n: os.environ[n] for n in ring_cli.MULTICAST_OFF} == ring_cli.MULTICAST_OFF
+
+
+def test_torchrun_ranks_read_its_environment(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert ring_cli.torchrun_ranks() is None
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert ring_cli.torchrun_ranks() == (3, 4, 1)
+
+
+def test_cli_under_torchrun(tmp_path):
+    """``torchrun --nproc-per-node 2 -m flashref.bench.ring --cpu 2``: each process is one
+    rank (env:// rendezvous), rank 0 checks and writes the result."""
+    import os
+
+    out = tmp_path / "ring.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "flashref.bench.ring", "--cpu", "2", "--seq", "16", "--heads", "2",
+           "--head-dim", "4", "--causal", "--check", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["check"]["passed"] and result["provenance"]["processes"] == 2
+    with_three = [*cmd[:-7], "--cpu", "3", "--seq", "18"]
+    proc = subprocess.run(with_three, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0 and "torchrun started 2 processes but --cpu asks for 3" in (
+        proc.stdout + proc.stderr
+    )
 
 
 def test_cli_cpu_check_writes_json(tmp_path, capsys):
@@ -179,7 +232,10 @@ def test_cli_cpu_check_writes_json(tmp_path, capsys):
     assert ring_cli.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["check"]["passed"] and result["check"]["rel_err"] <= RTOL64
-    assert result["provenance"]["env"] == ring_dist.NO_MULTICAST
+    import os
+
+    env = {n: os.environ.get(n) for n in ring_cli.MULTICAST_OFF}
+    assert result["provenance"]["env"] == env  # the caller's: without --no-multicast none set
     q = k = v = np.zeros((1, 1, 42, 1))
     _, schedule = ring_attention(q, k, v, world_size=3, causal=True, layout="zigzag",
                                  return_schedule=True)  # fmt: skip
