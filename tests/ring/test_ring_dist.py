@@ -211,14 +211,15 @@ def test_cli_under_torchrun(tmp_path):
 
     out = tmp_path / "ring.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "-m", "flashref.bench.ring", "--cpu", "2", "--seq", "16", "--heads", "2",
-           "--head-dim", "4", "--causal", "--check", "--out", str(out)]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", "-m", "flashref.bench.ring"]  # fmt: skip
+    cmd = [*torchrun, "--cpu", "2", "--seq", "16", "--heads", "2", "--head-dim", "4",
+           "--causal", "--check", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["check"]["passed"] and result["provenance"]["processes"] == 2
-    with_three = [*cmd[:-7], "--cpu", "3", "--seq", "18"]
+    with_three = [*torchrun, "--cpu", "3", "--seq", "18"]
     proc = subprocess.run(with_three, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode != 0 and "torchrun started 2 processes but --cpu asks for 3" in (
         proc.stdout + proc.stderr
