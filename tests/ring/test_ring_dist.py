@@ -259,11 +259,12 @@ def test_cli_errors(argv, message, capsys):
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_cli_refuses_nvls_and_missing_gpus(monkeypatch, capsys):
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+def test_cli_refuses_a_conflicting_nvls_and_missing_gpus(monkeypatch, capsys):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")  # the user's choice, refused only against the flag
     with pytest.raises(SystemExit):
-        ring_cli.main(["--cpu", "2", "--seq", "8"])
-    assert "NCCL_NVLS_ENABLE is set to '1'" in capsys.readouterr().err
+        ring_cli.main(["--cpu", "2", "--seq", "8", "--no-multicast"])
+    assert "NCCL_NVLS_ENABLE is set to '1' and --no-multicast" in capsys.readouterr().err
+    assert ring_cli.parse(["--cpu", "2", "--seq", "8"]).no_multicast is False
     monkeypatch.delenv("NCCL_NVLS_ENABLE")
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(SystemExit):
