@@ -3,14 +3,17 @@ without a GPU are in the repository's conftest.py, which covers notebooks/ too.)
 
 * ``cp``: CuPy, for tests marked ``gpu`` (which are skipped before it is asked for where
   there is no GPU);
+* ``torch`` (skipped with why where torch is not installed) and ``fg`` (``flashref.gpu``):
+  for the GPU tests that take torch tensors;
 * ``no_cupy``: imports of CuPy fail, as on a machine without it.
 
 This folder is on ``sys.path`` while the tests run (pytest puts a ``conftest.py``'s folder
 there), so the helpers beside this file import by name: ``reference`` (independent float64
-references). Test folders mirror the library's families: ``core/`` (the NumPy modules),
-``exercises/``, ``gpu/`` (the forward kernels, their models and compile checks),
-``backward/``, ``decode/``, ``ring/``, ``bench/``, ``book/``. What a test needs from the
-machine is in its markers (``gpu``, ``nvcc``), not in its name.
+references) and ``exercise_report`` (what the exercise tests read in a checker's report).
+Test folders mirror the library's families: ``core/`` (the NumPy modules), ``exercises/``,
+``gpu/`` (the forward kernels, their models and compile checks), ``backward/``, ``decode/``,
+``ring/``, ``bench/``, ``book/``. What a test needs from the machine is in its markers
+(``gpu``, ``nvcc``), not in its name.
 """
 
 from __future__ import annotations
@@ -27,6 +30,21 @@ def cp():
     from flashref.gpu._runtime import _require_gpu
 
     return _require_gpu()
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """torch (the baselines, torch-tensor calls and flashref.torch); the test is skipped,
+    saying why, where it is not installed."""
+    return pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+
+
+@pytest.fixture(scope="session")
+def fg():
+    """flashref.gpu."""
+    import flashref.gpu
+
+    return flashref.gpu
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from exercise_report import assert_named
 
 import flashref
 import flashref.exercises
@@ -18,25 +19,12 @@ from flashref.exercises import check_combine_splits, check_gqa_heads, check_page
 from flashref.exercises._report import NOT_IMPLEMENTED, PRECISION
 
 
-def flat(result) -> str:
-    """A report on one line: a long mistake name is wrapped over two lines when printed."""
-    return " ".join(str(result).split())
-
-
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
     """A checker must not warn on its own, whatever it is given (as under python -W error)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield
-
-
-def assert_named(result, name):
-    text = flat(result)
-    assert not result
-    assert f"likely mistake: {name}" in text, text
-    diagnosed = [f.diagnosis for f in result.failures if f.diagnosis]
-    assert diagnosed and all(d == name for d in diagnosed), diagnosed
 
 
 # --- the combine step -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from exercise_report import assert_named, flat
 
 import flashref.exercises
 from flashref.exercises import _hopper_mistakes as hm
@@ -25,25 +26,12 @@ from flashref.exercises import (
 from flashref.exercises._report import NOT_IMPLEMENTED
 
 
-def flat(result) -> str:
-    """A report on one line: a long mistake name is wrapped over several lines when printed."""
-    return " ".join(str(result).split())
-
-
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
     """A checker must not warn on its own, whatever it is given (as under python -W error)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield
-
-
-def assert_named(result, name):
-    text = flat(result)
-    assert not result
-    assert f"likely mistake: {' '.join(name.split())}" in text, text
-    diagnosed = [f.diagnosis for f in result.failures if f.diagnosis]
-    assert diagnosed and all(d == name for d in diagnosed), diagnosed
 
 
 # --- the wgmma accumulator ---------------------------------------------------------------------

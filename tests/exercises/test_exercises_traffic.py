@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from exercise_report import assert_named, assert_not_implemented_line
 
 from flashref import io_model as io
 from flashref.exercises import _traffic_mistakes as tm
@@ -23,17 +24,6 @@ def every_warning_is_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield
-
-
-def flat(result) -> str:
-    return " ".join(str(result).split())
-
-
-def assert_named(result, name):
-    assert not result
-    assert f"likely mistake: {' '.join(name.split())}" in flat(result), str(result)
-    diagnosed = [f.diagnosis for f in result.failures if f.diagnosis]
-    assert diagnosed and all(d == name for d in diagnosed), diagnosed
 
 
 # --- Exercise 6.1 ----------------------------------------------------------------------------
@@ -165,14 +155,7 @@ CHECKERS = [check_crossing_memory, check_q_outer_traffic, check_l2_fit]
 
 @pytest.mark.parametrize("checker", CHECKERS)
 def test_not_implemented_is_one_line(checker):
-    def todo(*args):
-        raise NotImplementedError
-
-    result = checker(todo)
-    assert str(result) == (
-        f"{checker.__name__}: not implemented yet "
-        f"(all {result.cases_run} cases raised NotImplementedError)"
-    )
+    assert_not_implemented_line(checker)
 
 
 @pytest.mark.parametrize("checker", CHECKERS)

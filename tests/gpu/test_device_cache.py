@@ -25,18 +25,6 @@ import flashref
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="torch is not installed")
-
-
-@pytest.fixture(scope="module")
-def fg():
-    import flashref.gpu
-
-    return flashref.gpu
-
-
 def _rand(torch, shape, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randn(shape, generator=g, device="cuda").to(getattr(torch, dtype))

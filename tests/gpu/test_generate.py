@@ -17,11 +17,6 @@ pytestmark = pytest.mark.gpu
 TIE = 0.25  # logit gap below which two choices are a tie at bfloat16 (logits of size ~10)
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="torch is not installed")
-
-
 @pytest.mark.parametrize(
     "name,kw",
     [("flashref", {}), ("flashref", {"prefill_chunk": 8}), ("sdpa", {})],

@@ -24,18 +24,6 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="torch is not installed (the baseline)")
-
-
-@pytest.fixture(scope="module")
-def fg():
-    import flashref.gpu
-
-    return flashref.gpu
-
-
-@pytest.fixture(scope="module")
 def ft(torch):
     import flashref.torch
 

@@ -22,11 +22,6 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="torch is not installed")
-
-
-@pytest.fixture(scope="module")
 def sm90(cp):
     cc = divmod(int(cp.cuda.Device().compute_capability), 10)
     if cc != (9, 0):

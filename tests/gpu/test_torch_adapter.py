@@ -66,13 +66,6 @@ def test_nothing_else_imports_torch():
 
 
 @pytest.fixture
-def torch():
-    return pytest.importorskip(
-        "torch", reason="torch is not installed (flashref.torch is optional)"
-    )
-
-
-@pytest.fixture
 def fa(torch):
     import flashref.torch
 
