@@ -18,6 +18,7 @@ from .registry import KERNEL_DIR, KernelVersion, paste_includes, registered, ver
 PRE_POST_FILE = "backward/pre_post.cu"  # bwd_preprocess and bwd_dq_convert
 PRE_THREADS = 128  # bwd_preprocess: threads per block, d / 8 of them per row
 CONVERT_THREADS = 256  # bwd_dq_convert: threads per block, two elements each
+DQ_ROW_BYTES = 64 * 4 + 32  # a staged row of dQ (dq_bulk): 64 floats and 32 bytes of padding
 
 
 def pre_post_source() -> str:
@@ -51,6 +52,10 @@ class BwdVersion(KernelVersion):
     # low enough for at head dim d (the compile check holds ptxas's count and the shared memory
     # to it); a d not listed makes no such promise
     blocks_per_sm: tuple[tuple[int, int], ...] = ()
+    # True: each consumer warpgroup stages its share of dQ_i in shared memory (64 rows of 64
+    # floats, rows DQ_ROW_BYTES apart) and the copy engine adds it to dQacc, one bulk
+    # reduce-add per row
+    dq_bulk: bool = False
 
     kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
     folder = "backward"
@@ -77,7 +82,9 @@ class BwdVersion(KernelVersion):
         version's tiles are unpadded (the 128-byte swizzle), its dS^T has two buffers, and
         1024 bytes align the first tile (lse and D are in static shared memory there)."""
         if self.tma:  # K_j, V_j (Bc, d); 2 stages of Q_i, dO_i (Br, d); dS^T (2, Bc, Br)
-            return 2 * (2 * self.Bc * d + 4 * self.Br * d + 2 * self.Bc * self.Br) + 1024
+            tiles = 2 * (2 * self.Bc * d + 4 * self.Br * d + 2 * self.Bc * self.Br) + 1024
+            stage = (self.Bc // 64) * 64 * DQ_ROW_BYTES if self.dq_bulk else 0
+            return tiles + stage
         row = d + 8
         dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
         return 4 * 4 * self.Br + 2 * (dS + 2 * self.Bc * row + 4 * self.Br * row)
@@ -126,6 +133,17 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "A, dQ by red.global.add.v4",
                    "bwd08_wgmma.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2),
+        BwdVersion(9, "bulk_dq",
+                   "bwd8 adding dQ by the copy engine: each warp stages its rows of dQ_i in "
+                   "shared memory and sends each row with one bulk reduce-add "
+                   "(cp.reduce.async.bulk) instead of red.global.add.v4 after a shuffle",
+                   "bwd09_bulk_dq.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2, dq_bulk=True),
+        BwdVersion(10, "early_dv",
+                   "bwd9 issuing dV += P^T dO as soon as P^T is packed, so that the tensor "
+                   "cores compute it while the warpgroup computes dS^T",
+                   "bwd10_early_dv.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2, dq_bulk=True),
     )
 }  # fmt: skip
 

@@ -92,7 +92,7 @@ def test_gpu_only_rules_name_the_argument(no_cupy):
 
 
 def test_backward_registry_is_complete():
-    from flashref.gpu.backward_versions import pre_post_source
+    from flashref.gpu.backward_versions import DQ_ROW_BYTES, pre_post_source
 
     assert sorted(fg.BWD_VERSIONS) == list(range(1, len(fg.BWD_VERSIONS) + 1))
     for number, ver in fg.BWD_VERSIONS.items():
@@ -103,6 +103,11 @@ def test_backward_registry_is_complete():
         if ver.deterministic_dq:  # its own dQ pass, and no atomics anywhere in the file
             assert f"{ver.dq_kernel}(" in text and "atomicAdd" not in text and "red_add" not in text
             assert ver.dq_smem_bytes(128) <= 227 * 1024
+        elif ver.dq_bulk:  # the copy engine adds staged rows; no atomics of the threads
+            assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
+            assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
+            row = re.search(r"constexpr u32 DQ_ROW = (\d+) \* 4 \+ (\d+);", text)
+            assert row and int(row[1]) * 4 + int(row[2]) == DQ_ROW_BYTES  # as smem_bytes counts
         else:
             assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
