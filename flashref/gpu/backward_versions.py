@@ -144,6 +144,12 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "cores compute it while the warpgroup computes dS^T",
                    "bwd10_early_dv.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2, dq_bulk=True),
+        BwdVersion(11, "dq_once",
+                   "bwd8 computing dQ_i once per block over all 128 keys, by the two consumer "
+                   "warpgroups in turn (a 256-thread named barrier on dS^T): half the dQ "
+                   "atomics",
+                   "bwd11_dq_once.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1),
     )
 }  # fmt: skip
 

@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--source", type=int, metavar="VERSION",
         help="instead: where the warps of VERSION stall, instruction by instruction "
-        "(d = 64 and 128), summarised by opcode into --source-out",
+        "(d = 64 and 128), summarised by opcode into --source-out; with --backward, "
+        "backward version VERSION's main kernel",
     )  # fmt: skip
     parser.add_argument("--source-out", type=Path, default=Path("results/gpu_stall_sampling.json"))
     parser.add_argument(
@@ -190,6 +191,21 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(cp)
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)
+    if args.source is not None:  # with --backward: backward version N's main kernel
+        impl = f"bwd{args.source}" if args.backward else f"v{args.source}"
+        plan = [{"impl": impl, "d": d, "causal": False, "dtype": "float16",
+                 **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip
+        from .source import SOURCE_SECTIONS, source_profile
+
+        kernel = f"regex:^flash_bwd{args.source}$" if args.backward else "regex:^flash_v"
+        with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
+            kernels = source_profile(plan, Path(tmp), kernel)
+        rows = [{**case, **k} for case, k in zip(plan, kernels, strict=True)]
+        meta["sections"] = list(SOURCE_SECTIONS)
+        args.source_out.parent.mkdir(parents=True, exist_ok=True)
+        args.source_out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {args.source_out}")
+        return 0
     if args.backward:
         return backward_main(args, meta)
     if args.decode:
@@ -200,19 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         from .hopper import run_hopper
 
         return run_hopper(meta, args.out, args.versions)
-    if args.source is not None:
-        plan = [{"impl": f"v{args.source}", "d": d, "causal": False, "dtype": "float16",
-                 **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip
-        from .source import SOURCE_SECTIONS, source_profile
-
-        with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
-            kernels = source_profile(plan, Path(tmp))
-        rows = [{**case, **k} for case, k in zip(plan, kernels, strict=True)]
-        meta["sections"] = list(SOURCE_SECTIONS)
-        args.source_out.parent.mkdir(parents=True, exist_ok=True)
-        args.source_out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-        print(f"wrote {args.source_out}")
-        return 0
     for path, plan in ((args.out, version_plan(args.quick, args.versions)),
                        (None if args.skip_io else args.io_out, io_plan(args.quick))):  # fmt: skip
         if path is None:

@@ -64,12 +64,13 @@ def summarise_source_csv(text: str) -> list[dict]:
     return out
 
 
-def source_profile(plan: list[dict], workdir: Path) -> list[dict]:
-    """Warp-state sampling per SASS instruction (the kernels compiled with -lineinfo)."""
+def source_profile(plan: list[dict], workdir: Path, kernel: str = "regex:^flash_v") -> list[dict]:
+    """Warp-state sampling per SASS instruction (the kernels compiled with -lineinfo) of the
+    kernels whose name ``kernel`` (ncu's -k) matches: the forward versions by default."""
     plan_path, log = workdir / "plan.json", workdir / "source.csv"
     plan_path.write_text(json.dumps(plan))
     env = {**os.environ, "FLASHREF_NVRTC_FLAGS": "-lineinfo"}
-    cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "-k", "regex:^flash_v",
+    cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "-k", kernel,
            *(a for s in SOURCE_SECTIONS for a in ("--section", s)), "--csv", "--page", "source",
            "--print-source", "sass", "--log-file", str(log),
            sys.executable, "-m", "flashref.bench.profile.ncu_target", str(plan_path)]  # fmt: skip
