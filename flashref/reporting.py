@@ -24,7 +24,14 @@ uses it (:func:`step_verdict`):
 
 A row timed in a single round (versions 1 and 2, slow enough to be timed once) has no
 rounds to compare: it is given the widest spread of any row of the file on either side of
-its one time (:func:`round_interval`). NumPy-free; the standard library only.
+its one time (:func:`round_interval`).
+
+One rule picks the version ``version=None`` runs (:func:`best_worst_case`): per (dtype, head
+dimension, mask), the version whose *worst* ratio to the fastest version at each sequence
+length is highest, so that a small win at one length cannot hide a large loss at another
+(a median over the lengths can); equal worst cases are split by the median TFLOP/s. The
+default tables of the forward and backward versions are checked against it.
+NumPy-free; the standard library only.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ __all__ = [
     "Bench", "Profile", "COUNTERS", "counter_lines", "round_interval", "compare_rounds",
     "step_counts", "control_share", "control_lines", "step_verdict", "step_lines",
     "speed_lines", "steps_lines", "ratio_lines", "resident_warps", "sm_budget",
-    "occupancy_lines", "shape_name", "drop_renames", "kernel_change",
+    "occupancy_lines", "shape_name", "drop_renames", "kernel_change", "best_worst_case",
+    "worst_cases",
 ]  # fmt: skip
 
 
@@ -615,3 +623,31 @@ def kernel_change(old: int, new: int, family: str = "forward") -> str:
     else:
         raise ValueError(f"family = {family!r}; expected 'forward' or 'backward'")
     return drop_renames(kernel_diff(old, new), old, new, KERNEL_PREFIX[family])
+
+
+def worst_cases(tflops: dict) -> dict:
+    """``{version: (worst ratio, median TFLOP/s)}`` of ``tflops``, ``{version: {N: TFLOP/s}}``:
+    each version's smallest ratio, over the lengths N, of its TFLOP/s to the fastest
+    version's at that N (1.0: never beaten). Every version must have run at every N."""
+    if not tflops:
+        raise ValueError("tflops must hold at least one version")
+    lengths = {frozenset(by_n) for by_n in tflops.values()}
+    if len(lengths) != 1 or not next(iter(lengths)):
+        raise ValueError(f"every version must have run at the same lengths N, got {tflops}")
+    best = {n: max(by_n[n] for by_n in tflops.values()) for n in next(iter(lengths))}
+    out = {}
+    for version, by_n in tflops.items():
+        ratios = sorted(by_n[n] / best[n] for n in by_n)
+        values = sorted(by_n.values())
+        mid = len(values) // 2
+        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        out[version] = (ratios[0], median)
+    return out
+
+
+def best_worst_case(tflops: dict) -> int:
+    """The version ``version=None`` takes, from ``{version: {N: TFLOP/s}}`` of one (dtype, d,
+    mask): the highest worst-case ratio to the fastest (:func:`worst_cases`), ties broken by
+    the higher median TFLOP/s, then by the lower version number."""
+    cases = worst_cases(tflops)
+    return max(sorted(cases), key=lambda v: cases[v])
