@@ -64,7 +64,7 @@ def test_version_2_hands_its_rows_between_warps_and_version_3_does_not():
     assert ws.rows_of(s1, 0) == [0, 1, 16, 17, 32, 33, 48, 49]
     assert ws.rows_of(s2, 0) == list(range(8))
     assert ws.rows_of(s3, 0) == ws.rows_of(s1, 0)
-    assert ws.exchanged(s1, s2) == 64 * 64 * 7 // 8  # all but warp 0's rows 0-1, 2 of 16 ...
+    assert ws.exchanged(s1, s2) == 64 * 64 * 7 // 8  # 7 of every 8 scores change warp
     for w in range(8):  # the rows warp w softmaxes are other warps' scores
         assert set(ws.rows_of(s2, w)) != set(ws.rows_of(s1, w))
     t = [ws.v3_owners(step, 128) for step in (1, 2, 3)]
@@ -183,8 +183,8 @@ def test_figures_are_drawn_from_the_models(close_figures):
     fig = kf.draw_warp_split(64)
     assert fig.get_size_inches()[0] * fig.dpi == 800
     notes = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert notes == ["warp 0: rows 0-1, 16-17, 32-33, 48-49", "warp 0: rows 0-7",
-                     "warp 0: rows 0-1, 16-17, 32-33, 48-49", "warp 0: rows 0-15"]  # fmt: skip
+    assert notes == ["warp 0: 0-1, 16-17, 32-33, 48-49", "warp 0: 0-7",
+                     "warp 0: 0-1, 16-17, 32-33, 48-49", "warp 0: 0-15"]  # fmt: skip
     fig = kf.draw_bank_map("K", 128)
     titles = [ax.get_title() for ax in fig.axes]
     assert titles[0].endswith("8 passes") and titles[1].endswith("1 pass")

@@ -58,17 +58,17 @@ def draw_warp_split(d: int = 64):
         ax.imshow(owner, cmap=ListedColormap(colours), vmin=-0.5, vmax=7.5,
                   interpolation="nearest", aspect="auto")  # fmt: skip
         title = f"v{version}, step {step}: {ws.STEPS[step]}" if version == 2 else (
-            f"v{version}: all three steps")  # fmt: skip
-        ax.set_title(title, fontsize=8)
+            f"v{version}: every step")  # fmt: skip
+        ax.set_title(title, fontsize=9)
         ax.set_xticks([0, owner.shape[1] - 1])
         ax.set_yticks([0, 16, 32, 48, 63])
-        ax.tick_params(labelsize=7, length=2)
-        ax.set_xlabel(f"{what} columns" if version == 2 else "S or O columns", fontsize=7)
-        ax.text(0.5, -0.3, f"warp 0: rows {_row_runs(ws.rows_of(owner, 0))}",
-                transform=ax.transAxes, ha="center", va="top", fontsize=7)  # fmt: skip
-    axes[0].set_ylabel("query row of the tile", fontsize=7)
+        ax.tick_params(labelsize=8, length=2)
+        ax.set_xlabel(f"{what} columns" if version == 2 else "S or O columns", fontsize=8)
+        ax.text(0.5, -0.3, f"warp 0: {_row_runs(ws.rows_of(owner, 0))}",
+                transform=ax.transAxes, ha="center", va="top", fontsize=8)  # fmt: skip
+    axes[0].set_ylabel("query row of the tile", fontsize=8)
     handles = [Patch(color=colours[w], label=f"warp {w}") for w in range(8)]
-    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=7, frameon=False,
+    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=8, frameon=False,
                handlelength=1.2, columnspacing=1.0)  # fmt: skip
     fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.3, wspace=0.3)
     return fig
@@ -98,20 +98,20 @@ def draw_bank_map(name: str = "Q", d: int = 64, matrix: int = 0):
                 ax.add_patch(Rectangle((bank, y), 1, 1, facecolor=colours[lane],
                                        edgecolor="white", lw=0.5))  # fmt: skip
                 if w == 0:
-                    ax.text(bank + 2, y + 0.5, f"T{lane}", ha="center", va="center", fontsize=6)
-            ax.text(32.4, y + 0.5, f"byte {start[lane]}", va="center", fontsize=6)
+                    ax.text(bank + 2, y + 0.5, f"T{lane}", ha="center", va="center", fontsize=7)
+            ax.text(32.4, y + 0.5, f"byte {start[lane]}", va="center", fontsize=7)
         ax.set(xlim=(0, 38), ylim=(8, 0))
         ax.set_xticks(range(0, 32, 4))
         ax.set_yticks([y + 0.5 for y in range(8)], [str(r) for r in range(8)])
-        ax.tick_params(labelsize=7, length=2)
+        ax.tick_params(labelsize=8, length=2)
         ax.grid(axis="x", color="0.85", lw=0.5)
         ax.set_axisbelow(True)
-        ax.set_xlabel("bank", fontsize=7, loc="left")
+        ax.set_xlabel("bank", fontsize=8, loc="left")
         pad = "no padding" if lds == d else "+8 halves"
         pas = "pass" if n == 1 else "passes"
         ax.set_title(f"v{version}: rows of {lds} halves ({2 * lds} bytes, {pad}): {n} {pas}",
-                     fontsize=8)  # fmt: skip
-    axes[0].set_ylabel(f"row of matrix {matrix}", fontsize=7)
+                     fontsize=9)  # fmt: skip
+    axes[0].set_ylabel(f"row of matrix {matrix}", fontsize=8)
     fig.subplots_adjust(left=0.06, right=0.99, top=0.86, bottom=0.2, wspace=0.12)
     return fig
 
@@ -164,7 +164,7 @@ def draw_cp_async_ring(n_tiles: int = 5):
             ax.add_patch(Rectangle((x0, buffer + 0.1), x1 - x0, 0.8, facecolor=colour,
                                    edgecolor="0.3", lw=0.5))  # fmt: skip
             text = f"read {tile}" if kind == "compute" else f"copy {tile}"
-            ax.text((x0 + x1) / 2, buffer + 0.5, text, ha="center", va="center", fontsize=7)
+            ax.text((x0 + x1) / 2, buffer + 0.5, text, ha="center", va="center", fontsize=8)
         for x, kind in lines:
             style = {"color": "black", "lw": 1.2} if kind == "barrier" else {
                 "color": "0.5", "lw": 0.8, "ls": ":"}  # fmt: skip
@@ -175,10 +175,10 @@ def draw_cp_async_ring(n_tiles: int = 5):
             [STEP * t + STEP / 2 for t in range(-1, n_tiles)],
             ["before the loop", *(f"iteration {t}" for t in range(n_tiles))],
         )
-        ax.tick_params(labelsize=7, length=0)
+        ax.tick_params(labelsize=8, length=0)
         per = cr.barriers_per_tile(events)
         ax.set_title(f"v{version}: {stages} buffers of K and V, {per} __syncthreads per tile",
-                     fontsize=8, loc="left")  # fmt: skip
+                     fontsize=9, loc="left")  # fmt: skip
         for side in ("top", "right", "bottom"):
             ax.spines[side].set_visible(False)
     handles = [
@@ -187,6 +187,6 @@ def draw_cp_async_ring(n_tiles: int = 5):
         Line2D([], [], color="black", lw=1.2, label="__syncthreads"),
         Line2D([], [], color="0.5", lw=0.8, ls=":", label="cp.async.wait_group 1"),
     ]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.subplots_adjust(left=0.1, right=0.99, top=0.92, bottom=0.17, hspace=0.5)
     return fig

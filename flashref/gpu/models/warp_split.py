@@ -27,7 +27,7 @@ from .fragments import WARP_SIZE, mma_c
 
 BR, BC = 64, 64  # query rows and keys of a tile, in both versions
 V2_THREADS, V3_WARPS = 256, 4
-STEPS = {1: "S = Q K^T", 2: "softmax of S's rows", 3: "O = alpha O + P V"}
+STEPS = {1: "$S = QK^T$", 2: "softmax", 3: "$O = \\alpha O + PV$"}
 
 
 def _step(step) -> int:
