@@ -42,6 +42,7 @@ _CHECKERS = {
     "check_combine_splits": "decode",
     "check_gqa_heads": "decode",
     "check_paged_gather": "decode",
+    "check_mma_fragment": "mma",
     "check_wgmma_accumulator": "hopper",
     "check_swizzle_offset": "hopper",
     "check_ring_parity": "hopper",

@@ -2,6 +2,9 @@
 
 * ``fragments``: which lane holds which element of ``mma.sync`` and ``ldmatrix``
   (``fragment_figures`` draws them);
+* ``warp_split``, ``banks``, ``cp_async_ring``: chapter 5's warp split of versions 2 and 3,
+  the banks an ``ldmatrix`` reads with and without padding, and the copies and barriers of
+  versions 5 and 11 (``kernel_figures`` draws them);
 * ``hopper``: the 128-byte swizzle and the ``wgmma`` fragments (``hopper_figures``);
 * ``pingpong``: version 23's turns between its two consumer warpgroups, and version 27's over
   a persistent block's list of work tiles; ``work_tiles`` the order of that list;
