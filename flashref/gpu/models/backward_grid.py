@@ -94,7 +94,7 @@ def draw_backward_grid(number: int = 1, Nq: int = 512, Nk: int | None = None,
     w = ver.Bc / ver.Br  # a key tile's width, in query-tile heights
     x0, xq, dq_w = 1.9, 1.9 + g.Tc * w + 0.45, 1.25  # the tile plane; the dQ column
     xl = xq + dq_w + 0.45  # the key
-    top, bottom = -2.3, g.Tr + 1.3
+    top, bottom = -1.3, g.Tr + 1.3
     fig = plt.figure(figsize=(8.0, 0.3 * (bottom - top)), dpi=100)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, xl + 3.6)
@@ -144,9 +144,8 @@ def draw_backward_grid(number: int = 1, Nq: int = 512, Nk: int | None = None,
     ax.text(xq + dq_w / 2, -0.62, "dQacc (fp32)" if atomic else "dQ", ha="center",
             va="center", fontsize=9)  # fmt: skip
     mask = ", causal" if causal else ""
-    ax.text(0.1, -1.7, f"backward version {number}, Nq = {Nq}, Nk = {Nk}{mask}: {g.Tc}"
-            f" \u00d7 B\u00b7H blocks of Bc = {ver.Bc} keys, query tiles of Br = {ver.Br}",
-            fontsize=9.5, va="center")  # fmt: skip
+    ax.text(xl, -0.62, f"version {number}: Bc = {ver.Bc}, Br = {ver.Br}\nNq = {Nq},"
+            f" Nk = {Nk}{mask}", va="center", fontsize=8.5, linespacing=1.1)  # fmt: skip
     # the key, beside the dQ column
     key = [(dark, f"block {block}'s walk:\nQ_i, dO_i, lse_i, D_i in"),
            (light, "another block's visit")]  # fmt: skip
