@@ -369,7 +369,7 @@ def training_figure(summary: dict):
     import matplotlib.pyplot as plt
 
     s = summary
-    fig, (ax, gap) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(2, 1))
+    fig, (ax, gap) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, height_ratios=(2, 1))
     color = {}
     for key in ("flashref", "sdpa", "other_seed"):
         run = s[key]
@@ -388,5 +388,5 @@ def training_figure(summary: dict):
             gap.plot(diff, lw=1, color=color[key], label=label)
     gap.axhline(0, color="gray", lw=0.5)
     gap.set(xlabel="step", ylabel="loss difference")
-    gap.legend(fontsize=9)
+    gap.legend(fontsize=8.5, ncol=2, loc="lower center")  # one row: less of the curves hidden
     return fig

@@ -292,15 +292,20 @@ def test_draw_accumulators_labels_come_from_the_map(n, warp, close_figures):
 
     fig = hf.draw_accumulators(n, warp)
     assert fig.get_size_inches()[0] * fig.dpi == 800
-    labels = [t.get_text() for t in fig.axes[0].texts if "\n" in t.get_text()]
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    labels = [x for x in texts if re.fullmatch(r"T\d+ d\d+", x)]
     src = hp.wgmma_c_map(n)
     held = {tuple(src[t, i]): (t, i) for t in range(128) for i in range(n // 2)}
     want = []
     for r in range(16 * warp, 16 * warp + 16):
-        for c in range(16):
-            want.append("T{}\nd{}".format(*held[r, c]))
+        for c in range(8):
+            want.append("T{} d{}".format(*held[r, c]))
     assert labels == want
-    assert labels[:3] == [f"T{32 * warp}\nd0", f"T{32 * warp}\nd1", f"T{32 * warp + 1}\nd0"]
+    assert labels[:3] == [f"T{32 * warp} d0", f"T{32 * warp} d1", f"T{32 * warp + 1} d0"]
+    # the line on the next columns: columns 8-15 are the same threads, registers 4 on
+    assert all(held[r, c + 8] == (held[r, c][0], held[r, c][1] + 4)
+               for r in range(16 * warp, 16 * warp + 16) for c in range(8))  # fmt: skip
+    assert any(x.startswith("columns 8-15: the same threads, registers d4-d7;") for x in texts)
     with pytest.raises(ValueError, match=r"warp must be in 0\.\.3, got 4"):
         hf.draw_accumulators(64, 4)
 

@@ -8,7 +8,10 @@
 * ``hopper``: the 128-byte swizzle and the ``wgmma`` fragments (``hopper_figures``);
 * ``pingpong``: version 23's turns between its two consumer warpgroups, and version 27's over
   a persistent block's list of work tiles; ``work_tiles`` the order of that list;
-  ``persistent3`` version 28's (and 30's) three consumer warpgroups over such a list.
+  ``persistent3`` version 28's (and 30's) three consumer warpgroups over such a list;
+* ``backward_grid``: the backward kernels' grid, which query tiles each block visits and
+  how many additions each element of dQ receives, checked against the kernels' own lines
+  (it draws them too).
 
 They run on any machine, and are checked against the GPU by the probe kernels
 (``flashref/kernels/probes/``, ``python -m flashref.bench.hopper_probe``). The runtime

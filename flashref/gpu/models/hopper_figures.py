@@ -2,9 +2,10 @@
 
 ``draw_swizzle()``: a 64-column 16-bit tile's 16-byte chunks, as the rows hold them
 (left) and where the 128-byte swizzle stores them in shared memory (right).
-``draw_accumulators(n, cols)``: which thread and register of the warpgroup holds each
-element of the first ``cols`` columns of a ``wgmma`` m64nNk16 accumulator: one hue per
-warp (rows 16 w .. 16 w + 15), lighter as the lane's group g = lane // 4 grows.
+``draw_accumulators(n, warp)``: which thread of the warpgroup holds each element of a
+``wgmma`` m64nNk16 accumulator (left: one hue per warp, rows 16 w .. 16 w + 15, lighter as
+the lane's group g = lane // 4 grows), and, enlarged, the thread and register of each
+element in one warp's rows (right).
 ``draw_pingpong(n_tiles, n_mine, stages)``: version 21's and version 23's consumer
 warpgroups as a timeline of their products and softmaxes, from ``flashref.gpu.models.pingpong``.
 ``draw_overlap()``: version 20's loop above version 21's, one consumer warpgroup and the tensor
@@ -78,36 +79,70 @@ def accumulator_owners(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
 
 
 def draw_accumulators(n: int = 64, warp: int = 0):
-    """Left: who holds each element of the first 16 columns of a wgmma m64nNk16 accumulator,
-    coloured by warp (and lane group g); right: warp ``warp``'s 16 rows, labelled T{thread}
-    d{register}."""
+    """Two panels. Left: who holds each element of a wgmma m64nNk16 accumulator (its first
+    64 columns), one hue per warp, lighter as the lane group g grows. Right: warp ``warp``'s
+    16 rows in columns 0-7, each element labelled T{thread} d{register}; a line under it
+    says, from the map, how the registers go on in the next columns."""
+    import matplotlib.pyplot as plt
     from matplotlib import colormaps
+    from matplotlib.patches import ConnectionPatch, Rectangle
 
     warp = hp._int(warp, "warp", 0, 3)
     owner, reg = accumulator_owners(n)  # each (64, n)
     hues = np.array(colormaps["tab10"].colors)[:4]  # one per warp
+    cols = min(n, 64)
 
     def colour(t):
         w, g = t // 32, (t % 32) // 4
         return hues[w] + (1 - hues[w]) * (0.25 + 0.08 * g)
 
-    z, cols, gap = 4, 16, 6  # zoomed cells are z overview cells wide
-    fig, ax, fs = _figure(cols + gap + z * cols + 0.5, 64 + 1.5)
-    fs = fs * z * 0.55
-    for (r, c), t in np.ndenumerate(owner[:, :cols]):
-        _cell(ax, c, r, colour(t), "", fs)
-    for r in range(0, 64, 16):
-        ax.text(cols + 0.3, r + 8, f"warp {r // 16}", va="center", fontsize=fs)
-    x0 = cols + gap
-    for (r, c), t in np.ndenumerate(owner[16 * warp : 16 * warp + 16, :cols]):
-        _cell(ax, x0 + z * c, z * r, colour(t), f"T{t}\nd{reg[16 * warp + r, c]}", fs, size=z)
-    for c in range(0, cols + 1, 8):
-        ax.plot([x0 + z * c] * 2, [0, 64], color="black", lw=1.5)
-        ax.plot([c, c], [0, 64], color="black", lw=1)
-    for r in (0, 32, 64):
-        ax.plot([x0, x0 + z * cols], [r, r], color="black", lw=1.5)
-    ax.text(0, -0.1, f"m64n{n}k16: rows 0-63, columns 0-{cols - 1}", fontsize=fs, va="bottom")
-    ax.text(x0, -0.1, f"warp {warp}: rows {16 * warp}-{16 * warp + 15}", fontsize=fs, va="bottom")
+    fig = plt.figure(figsize=(WIDTH_IN, 4.4), dpi=DPI)
+    left = fig.add_axes((0.01, 0.05, 0.37, 0.80))
+    left.imshow([[colour(t) for t in row] for row in owner[:, :cols]],
+                extent=(0, cols, 64, 0), interpolation="nearest", aspect="auto")  # fmt: skip
+    for c in range(8, cols, 8):  # the 8-column blocks of the mma.sync C layout
+        left.plot([c, c], [0, 64], color="white", lw=0.8)
+    for r in (16, 32, 48):
+        left.plot([0, cols], [r, r], color="black", lw=1)
+    for w in range(4):
+        left.text(cols + 1.5, 16 * w + 8, f"warp {w}\nrows {16 * w}-{16 * w + 15}",
+                  va="center", fontsize=9.5)  # fmt: skip
+    left.add_patch(Rectangle((0, 16 * warp), 8, 16, fill=False, edgecolor="black", lw=2))
+    left.set_xlim(0, cols * 1.42)
+    left.set_ylim(64, 0)
+    left.axis("off")
+    more = f" (of {n})" if n > cols else ""
+    left.set_title(f"m64n{n}k16 accumulator: 64 rows,\ncolumns 0-{cols - 1}{more}",
+                   fontsize=10.5, loc="left")  # fmt: skip
+
+    right = fig.add_axes((0.45, 0.16, 0.545, 0.71))
+    rows = range(16 * warp, 16 * warp + 16)
+    for y, r in enumerate(rows):
+        for c in range(8):
+            t = owner[r, c]
+            right.add_patch(Rectangle((c, y), 1, 1, facecolor=colour(t), edgecolor="white"))
+            right.text(c + 0.5, y + 0.5, f"T{t} d{reg[r, c]}", ha="center", va="center",
+                       fontsize=9)  # fmt: skip
+    right.plot([0, 8], [8, 8], color="black", lw=1.5)  # rows g above, rows g + 8 below
+    for y in (0, 8):
+        right.text(-0.1, y + 0.5, f"row {rows[y]}", ha="right", va="center", fontsize=9)
+    right.text(-0.1, 15.5, f"row {rows[15]}", ha="right", va="center", fontsize=9)
+    right.set_xlim(0, 8)
+    right.set_ylim(16, 0)
+    right.axis("off")
+    right.set_title(f"warp {warp}: rows {rows[0]}-{rows[-1]}, columns 0-7", fontsize=10.5,
+                    loc="left")  # fmt: skip
+    # the next 8 columns: the same threads, each register index 4 higher (from the map)
+    step = {int(reg[r, c + 8] - reg[r, c]) for r in rows for c in range(8)}
+    same = all(owner[r, c + 8] == owner[r, c] for r in rows for c in range(8))
+    if same and len(step) == 1:
+        k = step.pop()
+        right.text(0, 16.6, f"columns 8-15: the same threads, registers d{k}-d{k + 3};\n"
+                   f"columns 8j to 8j + 7: d{k}j to d{k}j + 3", va="top", fontsize=9.5,
+                   linespacing=1.3)  # fmt: skip
+    for y in (16 * warp, 16 * warp + 16):  # join the box on the left to the panel
+        fig.add_artist(ConnectionPatch((8, y), (0, y - 16 * warp), "data", "data",
+                                       axesA=left, axesB=right, color="0.4", lw=0.8))  # fmt: skip
     return fig
 
 
