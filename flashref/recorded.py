@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from pathlib import Path
 
-from .reporting import NO_SPREAD, Bench, Profile, compare_rounds
+from .reporting import NO_SPREAD, Bench, Profile, best_worst_case, compare_rounds
 
 _NUM = (int, float)
 TRAINING_META = {"gpu": str, "driver": str, "torch": str, "cupy": str, "date": str,
@@ -275,21 +274,47 @@ def backward_profile(path):
     return Profile({"meta": data["meta"], "rows": rows}, path.name)
 
 
-def median_best(rows, allowed) -> dict:
+def best_backward(rows, allowed) -> dict:
     """For each (dtype, d, causal) of the backward rows, the flashref version among
-    ``allowed`` with the highest median TFLOP/s over the sequence lengths: the rule that
-    chose ``BWD_PREFERENCE`` and ``BWD_HOPPER_PREFERENCE``."""
+    ``allowed`` that ``version=None`` should take: the book's rule
+    (``flashref.reporting.best_worst_case``, the highest worst-case ratio to the fastest over
+    the sequence lengths) that chose ``BWD_PREFERENCE`` and ``BWD_HOPPER_PREFERENCE``."""
     allowed = set(allowed)
     by_case: dict = {}
     for r in rows:
         if r["impl"] == "flashref" and r["direction"] == "backward" and r["version"] in allowed:
             case = by_case.setdefault((r["dtype"], r["d"], r["causal"]), {})
-            case.setdefault(r["version"], []).append(r["tflops"])
-    out = {}
-    for case, by_version in sorted(by_case.items()):
-        med = {n: statistics.median(t) for n, t in by_version.items()}
-        out[case] = max(med, key=med.get)
-    return out
+            case.setdefault(r["version"], {})[r["N"]] = r["tflops"]
+    return {case: best_worst_case(by_version) for case, by_version in sorted(by_case.items())}
+
+
+def stall_sampling_lines(paths: dict, top: int = 5) -> list[str]:
+    """Where the warps of one kernel stall, per head dim, from ``python -m flashref.bench
+    profile --source N --backward`` files: ``paths`` maps a label (``"bwd8"``) to such a file.
+    One line per (label, d): the share of all warp samples of each of the ``top`` reasons
+    with the largest share anywhere (``selected``: issuing, not a stall)."""
+    tables = {}
+    for label, path in paths.items():
+        data = _read(Path(path))
+        for i, r in enumerate(data.get("rows", [])):
+            _check(r, {"d": int, "stall_share": dict}, f"{path}: rows[{i}]")
+            tables[label, r["d"]] = r["stall_share"]
+    if not tables:
+        raise ValueError(f"no rows with stall shares in {list(paths.values())}")
+    dims = sorted({d for _, d in tables})
+    largest: dict = {}  # reason -> its largest share in any file and d
+    for shares in tables.values():
+        for reason, x in shares.items():
+            largest[reason] = max(x, largest.get(reason, 0.0))
+    reasons = sorted(largest, key=lambda x: (-largest[x], x))[:top]
+    lines = [f"{'share of samples':18}" + "".join(f"{x:>14}" for x in reasons)]
+    for d in dims:
+        for label in paths:
+            if (label, d) in tables:
+                shares = tables[label, d]
+                cells = "".join(f"{shares.get(x, 0.0):14.1%}" for x in reasons)
+                lines.append(f"{f'{label} d = {d}':18}" + cells)
+    return lines
 
 
 def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float = 0.8,

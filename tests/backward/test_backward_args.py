@@ -330,30 +330,23 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
     assert len(doc["rows"]) == 2 * len(fg.BWD_VERSIONS)
 
 
-def test_default_backward_versions_are_the_fastest_in_the_recorded_run():
-    """The default tables say what results/gpu_backward.json says: per (dtype, d, causal), the
-    backward version with the highest median TFLOP/s over the recorded sequence lengths, among
-    every version for compute capability 9.0 (BWD_HOPPER_PREFERENCE) and among the versions
-    not built for sm_90a for every other GPU (BWD_PREFERENCE)."""
-    import json
-    import statistics
+def test_default_backward_versions_follow_the_rule_on_the_recorded_run():
+    """The default tables say what results/gpu_backward.json says under the book's rule
+    (flashref.reporting.best_worst_case: the highest worst-case ratio to the fastest over the
+    recorded sequence lengths), among every version for compute capability 9.0
+    (BWD_HOPPER_PREFERENCE) and among the versions not built for sm_90a for every other GPU
+    (BWD_PREFERENCE)."""
     from pathlib import Path
 
     from flashref.gpu.backward_versions import BWD_HOPPER_PREFERENCE, BWD_PREFERENCE, BWD_VERSIONS
+    from flashref.recorded import best_backward, load_backward
 
-    path = Path(__file__).resolve().parents[2] / "results" / "gpu_backward.json"
-    rows = json.loads(path.read_text())["rows"]
-    tflops = {}
-    for r in rows:
-        if r["impl"] == "flashref" and r["direction"] == "backward" and r["tflops"]:
-            key = (r["dtype"], r["d"], r["causal"])
-            tflops.setdefault(key, {}).setdefault(r["version"], []).append(r["tflops"])
-    assert set(tflops) == set(BWD_PREFERENCE) == set(BWD_HOPPER_PREFERENCE), "other cases"
-    for key, by_version in tflops.items():
-        medians = {v: statistics.median(t) for v, t in by_version.items()}
-        assert BWD_HOPPER_PREFERENCE[key] == max(medians, key=medians.get), (key, medians)
-        anywhere = {v: m for v, m in medians.items() if not BWD_VERSIONS[v].arch}
-        assert BWD_PREFERENCE[key] == max(anywhere, key=anywhere.get), (key, anywhere)
+    _, rows = load_backward(Path(__file__).resolve().parents[2] / "results" / "gpu_backward.json")
+    on_hopper = best_backward(rows, BWD_VERSIONS)
+    elsewhere = best_backward(rows, [n for n, v in BWD_VERSIONS.items() if not v.arch])
+    assert set(on_hopper) == set(BWD_PREFERENCE) == set(BWD_HOPPER_PREFERENCE), "other cases"
+    assert on_hopper == BWD_HOPPER_PREFERENCE
+    assert elsewhere == BWD_PREFERENCE
 
 
 def test_default_backward_version_depends_on_the_compute_capability():

@@ -16,10 +16,11 @@ from flashref.recorded import (
     backward_bench,
     backward_profile,
     backward_table,
+    best_backward,
     load_backward,
     load_training,
-    median_best,
     ratios_to_flash,
+    stall_sampling_lines,
     step_host_lines,
     step_host_share,
     training_lines,
@@ -236,10 +237,10 @@ def test_backward_profile_prints_backward_versions(tmp_path):
         backward_profile(_write(tmp_path, bad, "bad.json"))
 
 
-def test_median_best_and_against_flash(tmp_path):
+def test_best_backward_and_against_flash(tmp_path):
     _, rows = load_backward(_write(tmp_path, _stepped()))
-    assert median_best(rows, (1, 2)) == {("float16", 64, False): 2}
-    assert median_best(rows, (1, 2, 3)) == {("float16", 64, False): 3}
+    assert best_backward(rows, (1, 2)) == {("float16", 64, False): 2}
+    assert best_backward(rows, (1, 2, 3)) == {("float16", 64, False): 3}
     picks = {"two": lambda dtype, d, causal, N, got: 2,
              "none": lambda dtype, d, causal, N, got: None}  # fmt: skip
     lines = against_flash_lines(rows, picks, target=0.8, goal=1.0)
@@ -259,3 +260,20 @@ def test_training_lines_say_both_results(tmp_path):
     assert lines[-2] == "flashref's validation loss as close to SDPA's as two seeds' are: True"
     assert lines[-1] == "flashref's step as fast as SDPA's: False"
     assert lines[2].split()[:4] == ["flashref,", "seed", "0", "20.0"]
+
+
+def test_stall_sampling_lines(tmp_path):
+    def write(name, rows):
+        return _write(tmp_path, {"meta": {}, "rows": rows}, name)
+
+    a = write("a.json", [{"d": 64, "stall_share": {"wait": 0.5, "barrier": 0.2, "selected": 0.3}},
+                         {"d": 128, "stall_share": {"wait": 0.4, "barrier": 0.4}}])  # fmt: skip
+    b = write("b.json", [{"d": 64, "stall_share": {"barrier": 0.1}}])
+    lines = stall_sampling_lines({"bwd8": a, "bwd11": b}, top=2)
+    # the two largest shares anywhere: wait (0.5), then barrier (0.4 at d = 128)
+    assert lines[0].split() == ["share", "of", "samples", "wait", "barrier"]
+    assert lines[1].split() == ["bwd8", "d", "=", "64", "50.0%", "20.0%"]
+    assert lines[2].split() == ["bwd11", "d", "=", "64", "0.0%", "10.0%"]
+    assert lines[3].split() == ["bwd8", "d", "=", "128", "40.0%", "40.0%"]
+    with pytest.raises(ValueError, match="no rows with stall shares"):
+        stall_sampling_lines({"x": write("c.json", [])})
