@@ -163,7 +163,7 @@ BWD_PREFERENCE = {
     ("float16", 64, False): 2, ("float16", 64, True): 2,
     ("float16", 128, False): 6, ("float16", 128, True): 4,
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
-    ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 6,
+    ("bfloat16", 128, False): 4, ("bfloat16", 128, True): 4,
 }  # fmt: skip
 BWD_HOPPER_PREFERENCE = {key: 11 for key in BWD_PREFERENCE}
 
