@@ -394,7 +394,7 @@ def training_figure(summary: dict):
     import matplotlib.pyplot as plt
 
     s = summary
-    fig, (ax, gap) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, height_ratios=(2, 1))
+    fig, (ax, gap) = plt.subplots(2, 1, figsize=(8, 3.8), sharex=True, height_ratios=(2, 1))
     color = {}
     for key in ("flashref", "sdpa", "other_seed"):
         run = s[key]
