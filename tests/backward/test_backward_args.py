@@ -384,3 +384,32 @@ def test_wgmma_backward_tensor_maps_in_the_kernels_order(monkeypatch):
     params = re.findall(r"const __grid_constant__ TensorMap (\w+)", text)
     assert params == ["qmap", "kmap", "vmap", "domap"], params
     assert re.search(r"int Nq, int Nk, float scale, int causal,\s+const __grid_constant__", text)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_profile_source_samples_the_version_it_names(monkeypatch, tmp_path, backward):
+    """``profile --source N`` samples forward version N's kernels; with ``--backward``,
+    backward version N's main kernel alone (ncu's -k), as a ``bwdN`` case of the target."""
+    import shutil
+
+    from flashref.bench.profile import main as profile
+    from flashref.bench.profile import source
+
+    seen = {}
+
+    def fake_source_profile(plan, workdir, kernel="regex:^flash_v"):
+        seen["plan"], seen["kernel"] = plan, kernel
+        return [{"kernel": kernel, "samples": 1.0} for _ in plan]
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
+    monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
+    monkeypatch.setattr(profile, "_meta", lambda cp: {})
+    monkeypatch.setattr(source, "source_profile", fake_source_profile)
+    out = tmp_path / "src.json"
+    argv = ["--source", "11", "--source-out", str(out), *(["--backward"] if backward else [])]
+    assert profile.main(argv) == 0
+    impl, kernel = ("bwd11", "regex:^flash_bwd11$") if backward else ("v11", "regex:^flash_v")
+    assert [c["impl"] for c in seen["plan"]] == [impl, impl]
+    assert [c["d"] for c in seen["plan"]] == [128, 64]
+    assert seen["kernel"] == kernel
+    assert [r["impl"] for r in json.loads(out.read_text())["rows"]] == [impl, impl]
