@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -54,7 +55,7 @@ __all__ = [
     "step_counts", "control_share", "control_lines", "step_verdict", "step_lines",
     "speed_lines", "steps_lines", "ratio_lines", "resident_warps", "sm_budget",
     "occupancy_lines", "shape_name", "drop_renames", "kernel_change", "best_worst_case",
-    "worst_cases",
+    "worst_cases", "forward_tflops",
 ]  # fmt: skip
 
 
@@ -635,13 +636,19 @@ def worst_cases(tflops: dict) -> dict:
     if len(lengths) != 1 or not next(iter(lengths)):
         raise ValueError(f"every version must have run at the same lengths N, got {tflops}")
     best = {n: max(by_n[n] for by_n in tflops.values()) for n in next(iter(lengths))}
-    out = {}
-    for version, by_n in tflops.items():
-        ratios = sorted(by_n[n] / best[n] for n in by_n)
-        values = sorted(by_n.values())
-        mid = len(values) // 2
-        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-        out[version] = (ratios[0], median)
+    return {version: (min(by_n[n] / best[n] for n in by_n), statistics.median(by_n.values()))
+            for version, by_n in tflops.items()}  # fmt: skip
+
+
+def forward_tflops(rows) -> dict:
+    """``{(dtype, d, causal): {version: {N: TFLOP/s}}}`` of flashref's rows of a forward
+    benchmark file (``gpu_bench.json``, ``gpu_hopper.json``), those whose kernel ran in the
+    dtype it was asked for: what :func:`best_worst_case` takes, per case."""
+    out: dict = {}
+    for r in rows:
+        if r["family"] == "flashref" and r["tflops"] and r["dtype"] == r["run_dtype"]:
+            key = (r["dtype"], r["d"], r["causal"])
+            out.setdefault(key, {}).setdefault(r["version"], {})[r["N"]] = r["tflops"]
     return out
 
 

@@ -333,18 +333,14 @@ def test_three_consumer_version_registry():
 
 
 def _recorded_tflops(name: str) -> dict:
-    """{(dtype, d, causal): {version: {N: TFLOP/s}}} of flashref's 16-bit rows in
-    results/<name> (the rows whose kernel ran in the dtype it was asked for)."""
+    """reporting.forward_tflops of results/<name>."""
     import json
     from pathlib import Path
 
+    from flashref.reporting import forward_tflops
+
     doc = json.loads((Path(__file__).resolve().parents[2] / "results" / name).read_text())
-    tflops = {}
-    for r in doc["rows"]:
-        if r["family"] == "flashref" and r["tflops"] and r["dtype"] == r["run_dtype"]:
-            key = (r["dtype"], r["d"], r["causal"])
-            tflops.setdefault(key, {}).setdefault(r["version"], {})[r["N"]] = r["tflops"]
-    return tflops
+    return forward_tflops(doc["rows"])
 
 
 def test_default_versions_follow_the_rule_on_the_recorded_run():
