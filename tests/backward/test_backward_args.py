@@ -284,7 +284,9 @@ def test_profile_backward_asks_ncu_and_writes_every_case(monkeypatch, tmp_path, 
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
-    monkeypatch.setattr(profile, "_meta", lambda cp: {"gpu": "a GPU"})
+    monkeypatch.setattr(
+        profile, "_meta", lambda cp, **measured: {"gpu": "a GPU", "measured": measured}
+    )
     monkeypatch.setattr(ncu.subprocess, "run", fake_run)
     monkeypatch.setattr(profile, "profile", fake_profile)
     monkeypatch.setattr(ncu, "profile", fake_profile)
@@ -292,6 +294,7 @@ def test_profile_backward_asks_ncu_and_writes_every_case(monkeypatch, tmp_path, 
     assert profile.main(["--backward", "--versions", "5", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert [r["impl"] for r in doc["rows"]] == ["bwd5", "bwd5"]
+    assert doc["meta"]["measured"] == {"backward": [5]}  # its hashes: backward 5's alone
     assert "lts__t_sectors_op_red.sum" in seen["metrics"]
     assert "smsp__inst_executed_op_global_red.sum" not in seen["metrics"]
     assert "smsp__inst_executed_op_global_red.sum" in doc["meta"]["metrics_missing"]
@@ -316,7 +319,7 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
-    monkeypatch.setattr(profile, "_meta", lambda cp: {})
+    monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {})
     monkeypatch.setattr(
         ncu.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no")
     )
@@ -403,7 +406,7 @@ def test_profile_source_samples_the_version_it_names(monkeypatch, tmp_path, back
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
-    monkeypatch.setattr(profile, "_meta", lambda cp: {})
+    monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {})
     monkeypatch.setattr(source, "source_profile", fake_source_profile)
     out = tmp_path / "src.json"
     argv = ["--source", "11", "--source-out", str(out), *(["--backward"] if backward else [])]
@@ -413,3 +416,28 @@ def test_profile_source_samples_the_version_it_names(monkeypatch, tmp_path, back
     assert [c["d"] for c in seen["plan"]] == [128, 64]
     assert seen["kernel"] == kernel
     assert [r["impl"] for r in json.loads(out.read_text())["rows"]] == [impl, impl]
+
+
+def test_a_profile_records_the_hashes_of_the_family_it_measured_only():
+    """A backward profile that recorded the forward versions' hashes too went stale with every
+    forward edit; each mode now names only what it measures."""
+    from flashref.bench.profile import main as profile
+
+    parse = profile.ArgumentParser(prog="x")
+    for flag in ("--backward", "--decode", "--hopper", "--skip-io"):
+        parse.add_argument(flag, action="store_true")
+    parse.add_argument("--versions", type=int, nargs="+")
+    parse.add_argument("--source", type=int)
+    cases = {
+        "--backward": {"backward": "all"},
+        "--backward --versions 8 11": {"backward": [8, 11]},
+        "--backward --source 11": {"backward": [11]},
+        "--decode --versions 7": {"decode": [7]},
+        "--hopper --versions 29": {"forward": [14, 29]},
+        "--versions 3": {"forward": [3, *profile.IO_FLASH_VERSIONS]},
+        "--versions 3 --skip-io": {"forward": [3]},
+        "--source 29": {"forward": [29]},
+        "": {"forward": "all"},
+    }
+    for argv, want in cases.items():
+        assert profile.measured_families(parse.parse_args(argv.split())) == want, argv

@@ -134,6 +134,24 @@ def io_row(case: dict) -> dict:
             "ms": ms / 1e6 if ms else None}  # fmt: skip
 
 
+def measured_families(args) -> dict:
+    """The kernel families (and versions) a profile run measures, for its provenance: the
+    backward's, the decode's or the forward's; ``--source N`` measures version N alone. The
+    default run profiles every forward version (and, for the IO table, versions
+    ``IO_FLASH_VERSIONS``); ``--hopper`` the sm_90a forward versions beside v14."""
+    family = "backward" if args.backward else "decode" if args.decode else "forward"
+    if args.source is not None:
+        return {family: [args.source]}
+    if not args.versions:
+        return {family: "all"}
+    extra = set()
+    if args.hopper:
+        extra = {14}
+    elif family == "forward" and not args.skip_io:
+        extra = set(IO_FLASH_VERSIONS)
+    return {family: sorted(set(args.versions) | extra)}
+
+
 def backward_main(args, meta: dict) -> int:
     """``--backward``: every backward version's counters into ``args.out``."""
     out = args.out or Path("results/gpu_backward_profile.json")
@@ -188,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     from ...gpu._runtime import _require_gpu
 
     cp = _require_gpu()
-    meta = _meta(cp)
+    meta = _meta(cp, **measured_families(args))
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)
     if args.source is not None:  # with --backward: backward version N's main kernel

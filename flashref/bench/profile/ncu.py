@@ -118,7 +118,10 @@ def summarise(kernels: list[dict], metrics=NCU_METRICS) -> dict:
     return out
 
 
-def _meta(cp) -> dict:
+def _meta(cp, forward=(), backward=(), decode=()) -> dict:
+    """Where the profile ran (GPU, driver, ncu, versions, date) and the commit and source hashes
+    of the kernel versions it measured (``provenance.tree``: ``"all"`` for a whole family), so
+    that editing a kernel the run did not measure leaves its file valid."""
     version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip()
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -144,7 +147,7 @@ def _meta(cp) -> dict:
         "clock_control": "none (clocks as the GPU sets them)",
         "metrics": list(NCU_METRICS),
         "sections": list(NCU_SECTIONS),
-        **tree(forward="all", backward="all", decode="all"),
+        **tree(forward, backward, decode),
     }
 
 

@@ -21,7 +21,7 @@
 // Everything else (the producer, the skewed loop, ragged N, lse) is version 21's, whose text
 // is included below with this tile and ring defined in front of it.
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>, d in {64, 128} (and

@@ -29,7 +29,7 @@
 //     on a turn that waits for it.
 // Everything else (the producer, the tiles, the softmax, causal, ragged N, lse) is version 22's.
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>, d in {64, 128} (and

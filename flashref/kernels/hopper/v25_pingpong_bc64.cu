@@ -17,7 +17,7 @@
 //     turns), which tests/gpu/test_pingpong_model.py runs for every split.
 // The text of version 23 is included below with these three definitions in front of it.
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>, d in {64, 128} (and

@@ -49,7 +49,7 @@
 //     last work tile ends as version 23's block does.
 // Everything else (the tiles, the softmax, causal per tile, ragged N, lse) is version 23's.
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // The producer's K/V load and work_tile() are in tile_scheduler.cuh, which versions 28 to

@@ -39,7 +39,7 @@
 //     producer over a block's work tiles (tests/gpu/test_persistent3_model.py).
 // Everything else (the softmax, causal per tile, ragged N, lse, the registers) is version 24's.
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // The producer's K/V load and work_tile() are version 27's, from tile_scheduler.cuh.
