@@ -56,6 +56,10 @@ class BwdVersion(KernelVersion):
     # floats, rows DQ_ROW_BYTES apart) and the copy engine adds it to dQacc, one bulk
     # reduce-add per row
     dq_bulk: bool = False
+    # True: the consumer that computes dQ_i stages all of it in shared memory (Br rows of d
+    # floats, 4 d + 32 bytes apart) and a producer warp adds it to dQacc, one bulk reduce-add
+    # per row
+    dq_writer: bool = False
 
     kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
     folder = "backward"
@@ -84,6 +88,8 @@ class BwdVersion(KernelVersion):
         if self.tma:  # K_j, V_j (Bc, d); 2 stages of Q_i, dO_i (Br, d); dS^T (2, Bc, Br)
             tiles = 2 * (2 * self.Bc * d + 4 * self.Br * d + 2 * self.Bc * self.Br) + 1024
             stage = (self.Bc // 64) * 64 * DQ_ROW_BYTES if self.dq_bulk else 0
+            if self.dq_writer:
+                stage = self.Br * (4 * d + 32)
             return tiles + stage
         row = d + 8
         dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
@@ -150,6 +156,12 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "atomics",
                    "bwd11_dq_once.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1),
+        BwdVersion(12, "dq_writer",
+                   "bwd11 with dQ_i sent by a producer warp: the dQ consumer stages it in "
+                   "shared memory and goes on, and the warp adds each row with one bulk "
+                   "reduce-add (FlashAttention-3's dQ writer)",
+                   "bwd12_dq_writer.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True),
     )
 }  # fmt: skip
 

@@ -108,6 +108,11 @@ def test_backward_registry_is_complete():
             assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
             row = re.search(r"constexpr u32 DQ_ROW = (\d+) \* 4 \+ (\d+);", text)
             assert row and int(row[1]) * 4 + int(row[2]) == DQ_ROW_BYTES  # as smem_bytes counts
+        elif ver.dq_writer:  # a producer warp adds the staged rows: 4 d + 32 bytes apart
+            assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
+            assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
+            assert "constexpr u32 DQ_ROW = D * 4 + 32;" in text  # as smem_bytes counts
+            assert "dQs = dSs_buf + NWG * 2 * DS_BYTES;" in text  # after the dS^T buffers
         else:
             assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
