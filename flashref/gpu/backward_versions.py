@@ -162,6 +162,12 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "reduce-add (FlashAttention-3's dQ writer)",
                    "bwd12_dq_writer.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True),
+        BwdVersion(13, "dq_split",
+                   "bwd12 with dQ_i split by columns between the two consumers, each over all "
+                   "128 keys on every tile (FlashAttention-3's split), staged while dK's wgmma "
+                   "runs",
+                   "bwd13_dq_split.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True),
     )
 }  # fmt: skip
 
