@@ -60,6 +60,10 @@ class BwdVersion(KernelVersion):
     # floats, 4 d + 32 bytes apart) and a producer warp adds it to dQacc, one bulk reduce-add
     # per row
     dq_writer: bool = False
+    # the bytes of padding after each staged row of a dq_writer version (rows 4 d + this apart)
+    dq_stage_pad: int = 32
+    # staging buffers of a dq_writer version (2: tile i + 1 is stored while tile i is sent)
+    dq_stage_buffers: int = 1
 
     kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
     folder = "backward"
@@ -89,7 +93,7 @@ class BwdVersion(KernelVersion):
             tiles = 2 * (2 * self.Bc * d + 4 * self.Br * d + 2 * self.Bc * self.Br) + 1024
             stage = (self.Bc // 64) * 64 * DQ_ROW_BYTES if self.dq_bulk else 0
             if self.dq_writer:
-                stage = self.Br * (4 * d + 32)
+                stage = self.dq_stage_buffers * self.Br * (4 * d + self.dq_stage_pad)
             return tiles + stage
         row = d + 8
         dS = 0 if self.deterministic_dq else self.Bc * (self.Br + 8)
@@ -168,6 +172,18 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "runs",
                    "bwd13_dq_split.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True),
+        BwdVersion(14, "dq_two_copies",
+                   "bwd13 sending dQ_i in two bulk reduce-adds of 32 rows instead of one per "
+                   "row: the staging buffer is dense, so 32 rows are one contiguous run of dQacc",
+                   "bwd14_dq_two_copies.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
+                   dq_stage_pad=0),
+        BwdVersion(15, "dq_two_buffers",
+                   "bwd14 with two dQ staging buffers: the consumers store tile i + 1 while the "
+                   "copy engine still reads tile i",
+                   "bwd15_dq_two_buffers.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
+                   dq_stage_pad=0, dq_stage_buffers=2),
     )
 }  # fmt: skip
 

@@ -111,8 +111,11 @@ def test_backward_registry_is_complete():
         elif ver.dq_writer:  # a producer warp adds the staged rows: 4 d + 32 bytes apart
             assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
             assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
-            assert "constexpr u32 DQ_ROW = D * 4 + 32;" in text  # as smem_bytes counts
-            assert "dQs = dSs_buf + NWG * 2 * DS_BYTES;" in text  # after the dS^T buffers
+            row = re.search(r"constexpr u32 DQ_ROW = D \* 4(?: \+ (\d+))?;", text)
+            assert row and int(row[1] or 0) == ver.dq_stage_pad  # as smem_bytes counts
+            two = "dQs_buf = dSs_buf + NWG * 2 * DS_BYTES;  // (2, Br, DQ_ROW bytes)" in text
+            assert ver.dq_stage_buffers == (2 if two else 1), ver.dq_stage_buffers
+            assert re.search(r"dQs(_buf)? = dSs_buf \+ NWG \* 2 \* DS_BYTES;", text)  # after dS^T
         else:
             assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
         assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
