@@ -27,7 +27,9 @@ BACKWARD_META = {"gpu": str, "driver": str, "date": str}
 BACKWARD_ROW = {"impl": str, "direction": str, "dtype": str, "d": int, "causal": bool,
                 "N": int, "B": int, "H": int, "ms": _NUM, "ms_min": _NUM, "ms_max": _NUM,
                 "tflops": _NUM}  # fmt: skip
-IMPLS = ("flashref", "sdpa_flash", "sdpa_cudnn")
+# flashref: a version through its internal launch (a study of the kernel); flashref_public:
+# the public flash_attention_backward with version=None on torch tensors, timed as SDPA
+IMPLS = ("flashref", "flashref_public", "sdpa_flash", "sdpa_cudnn")
 DIRECTIONS = ("forward", "backward")
 
 

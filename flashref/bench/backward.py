@@ -15,7 +15,10 @@ implementation once per round, each time the median of 10 calls after warm-up, C
 * SDPA FLASH and cuDNN (torch), forward under ``torch.no_grad()``, and backward timed as
   ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`` after one forward outside
   the timed region (the same backward kernels as ``out.backward(dout)``, without adding into
-  ``.grad``).
+  ``.grad``);
+* ``flashref_public``: what a user calls instead, ``flash_attention_backward`` with
+  ``version=None`` on the same torch tensors (the default version; the row's ``version``
+  says which), timed with torch's events as SDPA is: the public calls on both sides.
 
 A row records the median over rounds and the smallest and largest round. Forward TFLOP/s =
 4 B H N^2 d / time, halved for causal; backward TFLOP/s = 2.5 times the forward's FLOPs / time
@@ -84,8 +87,10 @@ def _meta(cp, torch, args) -> dict:
         "timing": (f"CUDA events; each round the median of {REPEATS} calls after 2 warm-up "
                    f"calls; {args.rounds} interleaved rounds; SDPA backward timed as "
                    "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); flashref's "
-                   "versions through their internal launch, a study of the kernels (the "
-                   "public call against SDPA's: python -m flashref.bench calls)"),
+                   "versions through their internal launch, a study of the kernels; "
+                   "flashref_public: flash_attention_backward(version=None) on the same torch "
+                   "tensors, timed with torch's events as SDPA (the public calls on both "
+                   "sides)"),
         "tflops_rule": "forward 4 B H N^2 d / time (halved for causal); backward 2.5x that",
         "backward_versions": {n: f"{v.name}: {v.summary}" for n, v in BWD_VERSIONS.items()},
         **tree(backward="all"),
@@ -153,6 +158,17 @@ def _impls(ctx, d, causal, dtype, x):
         grads = tuple(cp.from_dlpack(g) for g in backward())
         out.append((impl, "forward", None, fwd_nograd, None))
         out.append((impl, "backward", None, backward, grads))
+    from flashref.gpu import flash_attention_backward
+    from flashref.gpu.backward_versions import default_bwd_version
+
+    args = (*(t.detach() for t in (tq, tk, tv)), torch.from_dlpack(O), torch.from_dlpack(lse), tdo)
+    default = default_bwd_version(dtype, d, causal, _device_cc(cp))
+
+    def public():
+        return flash_attention_backward(*args, causal=causal)
+
+    grads = tuple(cp.from_dlpack(g) for g in public())
+    out.append(("flashref_public", "backward", default, public, grads))
     return out
 
 
@@ -169,7 +185,8 @@ def bench_config(ctx, d, N, causal, dtype, x, rounds: int) -> list[dict]:
     torch_event = (lambda: torch.cuda.Event(enable_timing=True)) if torch is not None else None
     for _ in range(rounds):
         for i, (impl, _, _, run, _) in enumerate(impls):
-            times[i].append(_time(run, torch_event if impl.startswith("sdpa") else cp.cuda.Event))
+            on_torch = impl.startswith("sdpa") or impl == "flashref_public"
+            times[i].append(_time(run, torch_event if on_torch else cp.cuda.Event))
     ref = next((g for impl, direc, _, _, g in impls if impl == "sdpa_flash" and g), None)
     rows = []
     for (impl, direction, version, _, grads), ts in zip(impls, times, strict=True):
@@ -178,7 +195,7 @@ def bench_config(ctx, d, N, causal, dtype, x, rounds: int) -> list[dict]:
         row = {"impl": impl, "direction": direction, "version": version, "dtype": dtype, "d": d,
                "causal": causal, "N": N, "B": B, "H": HEADS, "ms": ms, "ms_min": min(ts),
                "ms_max": max(ts), "round_ms": ts, "tflops": f / (ms * 1e-3) / 1e12}  # fmt: skip
-        if impl == "flashref" and grads is not None and ref is not None:
+        if impl.startswith("flashref") and grads is not None and ref is not None:
             row["rel_diff_to_flash"] = [_rel(a, b, cp) for a, b in zip(grads, ref, strict=True)]
             if not max(row["rel_diff_to_flash"]) <= 2e-2:
                 print(f"  WARNING bwd{version} {dtype} d={d} N={N} causal={causal}: relative "

@@ -199,7 +199,12 @@ BWD_PREFERENCE = {
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
     ("bfloat16", 128, False): 4, ("bfloat16", 128, True): 4,
 }  # fmt: skip
-BWD_HOPPER_PREFERENCE = {key: 11 for key in BWD_PREFERENCE}
+BWD_HOPPER_PREFERENCE = {
+    ("float16", 64, False): 11, ("float16", 64, True): 11,
+    ("float16", 128, False): 14, ("float16", 128, True): 14,
+    ("bfloat16", 64, False): 11, ("bfloat16", 64, True): 11,
+    ("bfloat16", 128, False): 14, ("bfloat16", 128, True): 14,
+}  # fmt: skip
 
 
 def default_bwd_version(dtype: str, d: int, causal: bool, cc=None) -> int | None:

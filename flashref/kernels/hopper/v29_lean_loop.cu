@@ -39,7 +39,7 @@
 // Everything else (the schedule and its deadlock argument, the softmax, causal per tile, ragged
 // N, lse) is version 27's: see its header.
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // The loop's pieces (tile constants, the issue of both products, P's packing, max_tree,

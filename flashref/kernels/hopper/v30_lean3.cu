@@ -32,7 +32,7 @@
 // flashref.gpu.models.persistent3 models the three warpgroups and the producer
 // (tests/gpu/test_persistent3_model.py runs its checks on this text as on version 28's).
 //
-// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 11; this
+// Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.
 //
 // The loop's pieces are version 29's, from consumer_loop.cuh; the producer's K/V load and the
