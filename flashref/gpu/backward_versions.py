@@ -64,6 +64,9 @@ class BwdVersion(KernelVersion):
     dq_stage_pad: int = 32
     # staging buffers of a dq_writer version (2: tile i + 1 is stored while tile i is sent)
     dq_stage_buffers: int = 1
+    # True: each consumer warpgroup computes its share of dQ_i's columns (d / 2: m64n32k16 at
+    # d = 64) over all Bc keys on every tile, instead of one consumer the whole of it in turn
+    dq_columns_split: bool = False
 
     kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
     folder = "backward"
@@ -171,19 +174,20 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "128 keys on every tile (FlashAttention-3's split), staged while dK's wgmma "
                    "runs",
                    "bwd13_dq_split.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True),
+                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
+                   dq_columns_split=True),
         BwdVersion(14, "dq_two_copies",
                    "bwd13 sending dQ_i in two bulk reduce-adds of 32 rows instead of one per "
                    "row: the staging buffer is dense, so 32 rows are one contiguous run of dQacc",
                    "bwd14_dq_two_copies.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
-                   dq_stage_pad=0),
+                   dq_stage_pad=0, dq_columns_split=True),
         BwdVersion(15, "dq_two_buffers",
                    "bwd14 with two dQ staging buffers: the consumers store tile i + 1 while the "
                    "copy engine still reads tile i",
                    "bwd15_dq_two_buffers.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
-                   dq_stage_pad=0, dq_stage_buffers=2),
+                   dq_stage_pad=0, dq_stage_buffers=2, dq_columns_split=True),
     )
 }  # fmt: skip
 

@@ -115,6 +115,8 @@ def test_backward_registry_is_complete():
             assert row and int(row[1] or 0) == ver.dq_stage_pad  # as smem_bytes counts
             two = "dQs_buf = dSs_buf + NWG * 2 * DS_BYTES;  // (2, Br, DQ_ROW bytes)" in text
             assert ver.dq_stage_buffers == (2 if two else 1), ver.dq_stage_buffers
+            split = "dq_issue(dq, dSs_buf + (it & 1) * DS_BYTES, Ks, cw);" in text  # its columns
+            assert ver.dq_columns_split == split, ver.dq_columns_split
             assert re.search(r"dQs(_buf)? = dSs_buf \+ NWG \* 2 \* DS_BYTES;", text)  # after dS^T
         else:
             assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
