@@ -362,6 +362,34 @@ def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float =
     return lines
 
 
+def public_against_cudnn_lines(
+    rows, large: int = 4096, target_large: float = 0.9, small: int = 1024, target_small: float = 0.8
+) -> list[str]:
+    """What a user gets: the rows ``flashref_public`` (``flash_attention_backward`` with
+    ``version=None``, timed as SDPA's backward is) over SDPA cuDNN's backward of the same
+    dtype, d, causal and N. One line for ``N >= large`` and one for ``N == small``: the range
+    of the ratio, how many configurations reach the target, and the versions that ran."""
+    cudnn = {(r["dtype"], r["d"], r["causal"], r["N"]): r["tflops"] for r in rows
+             if r["impl"] == "sdpa_cudnn" and r["direction"] == "backward"}  # fmt: skip
+    public = [(r, r["tflops"] / cudnn[r["dtype"], r["d"], r["causal"], r["N"]]) for r in rows
+              if r["impl"] == "flashref_public" and r["direction"] == "backward"
+              and (r["dtype"], r["d"], r["causal"], r["N"]) in cudnn]  # fmt: skip
+    if not public:
+        return ["no flashref_public rows in this file"]
+    lines = []
+    for label, keep, target in ((f"N >= {large}", lambda n: n >= large, target_large),
+                                (f"N = {small}", lambda n: n == small, target_small)):  # fmt: skip
+        xs = [(r, x) for r, x in public if keep(r["N"])]
+        if not xs:
+            continue
+        ratios = [x for _, x in xs]
+        versions = ", ".join(f"bwd{n}" for n in sorted({r["version"] for r, _ in xs}))
+        lines.append(f"{label}: public call over cuDNN's {min(ratios):.2f} to {max(ratios):.2f};"
+                     f" >= {target} at {sum(x >= target for x in ratios)} of {len(ratios)}"
+                     f" ({versions})")  # fmt: skip
+    return lines
+
+
 # ---- the training run ------------------------------------------------------------------------
 
 

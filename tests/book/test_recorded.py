@@ -277,3 +277,25 @@ def test_stall_sampling_lines(tmp_path):
     assert lines[3].split() == ["bwd8", "d", "=", "128", "40.0%", "40.0%"]
     with pytest.raises(ValueError, match="no rows with stall shares"):
         stall_sampling_lines({"x": write("c.json", [])})
+
+
+def test_public_against_cudnn_lines_counts_the_targets():
+    from flashref.recorded import public_against_cudnn_lines
+
+    def row(impl, N, tflops, version=None, causal=False):
+        return {"impl": impl, "direction": "backward", "dtype": "float16", "d": 64,
+                "causal": causal, "N": N, "version": version, "tflops": tflops}  # fmt: skip
+
+    rows = [row("sdpa_cudnn", n, 100.0, causal=c) for n in (1024, 4096) for c in (False, True)]
+    rows += [
+        row("flashref_public", 4096, 95.0, 14),
+        row("flashref_public", 4096, 80.0, 11, True),
+        row("flashref_public", 1024, 79.0, 11),
+        row("flashref", 1024, 200.0, 11),
+    ]
+    lines = public_against_cudnn_lines(rows)
+    assert lines == [
+        "N >= 4096: public call over cuDNN's 0.80 to 0.95; >= 0.9 at 1 of 2 (bwd11, bwd14)",
+        "N = 1024: public call over cuDNN's 0.79 to 0.79; >= 0.8 at 0 of 1 (bwd11)",
+    ]
+    assert public_against_cudnn_lines(rows[:4]) == ["no flashref_public rows in this file"]
