@@ -71,8 +71,8 @@ test: lint unit notebooks notebooks-other-blas book browser
 # On a machine with an NVIDIA GPU: installs CuPy for your driver's CUDA major version into
 # .venv (CUDA=12 or CUDA=13; `nvidia-smi` prints it), then runs the GPU tests, the nvcc
 # compile checks, strict nbval of every chapter (here the cells tagged gpu run too: those of
-# chapters 5 and 7 to 11), and the GPU benchmark, which rewrites results/gpu_bench.json (the
-# chapters' tables and plots read it).
+# chapters 7 to 11 and of the appendices of 5 and 8), and the GPU benchmark, which rewrites
+# results/gpu_bench.json (the chapters' tables and plots read it).
 CUDA ?= 12
 test-gpu: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[cuda$(CUDA)]'
