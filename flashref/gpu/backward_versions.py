@@ -56,9 +56,10 @@ class BwdVersion(KernelVersion):
     # floats, rows DQ_ROW_BYTES apart) and the copy engine adds it to dQacc, one bulk
     # reduce-add per row
     dq_bulk: bool = False
-    # True: the consumer that computes dQ_i stages all of it in shared memory (Br rows of d
-    # floats, 4 d + 32 bytes apart) and a producer warp adds it to dQacc, one bulk reduce-add
-    # per row
+    # True: the consumers stage dQ_i in shared memory (Br rows of d floats, 4 d +
+    # dq_stage_pad bytes apart) and a producer warp adds it to dQacc with bulk reduce-adds:
+    # one per row where the rows are padded, one per 32 rows where they are dense (and so
+    # contiguous, as in dQacc)
     dq_writer: bool = False
     # the bytes of padding after each staged row of a dq_writer version (rows 4 d + this apart)
     dq_stage_pad: int = 32
