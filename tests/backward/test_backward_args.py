@@ -433,11 +433,7 @@ def test_a_profile_records_the_hashes_of_the_family_it_measured_only():
     forward edit; each mode now names only what it measures."""
     from flashref.bench.profile import main as profile
 
-    parse = profile.ArgumentParser(prog="x")
-    for flag in ("--backward", "--decode", "--hopper", "--skip-io"):
-        parse.add_argument(flag, action="store_true")
-    parse.add_argument("--versions", type=int, nargs="+")
-    parse.add_argument("--source", type=int)
+    parse = profile.build_parser()  # the command line main parses
     cases = {
         "--backward": {"backward": "all"},
         "--backward --versions 8 11": {"backward": [8, 11]},

@@ -159,7 +159,8 @@ def backward_main(args, meta: dict) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
+    """The command line of ``python -m flashref.bench profile``."""
     parser = ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument(
         "--out",
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: the sm_90a versions, v14 and SDPA cuDNN (flashref.bench.profile.hopper)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.backward + args.decode + args.hopper > 1:
         parser.error("--backward, --decode and --hopper each profile on their own: give one")
