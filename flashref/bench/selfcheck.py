@@ -6,6 +6,8 @@
     python -m flashref.bench.selfcheck --decode   # only the split-KV decode kernels, small
                                                 # ragged and paged cases (for the sanitizers)
     python -m flashref.bench.selfcheck --backward [--small]   # the backward versions instead
+    python -m flashref.bench.selfcheck --prefill  # the chunked-prefill kernel (sm_90a), small
+                                                # ragged paged cases, one and three key splits
 
 Prints one line per (version, d, causal) with the relative error
 ||O - O_ref|| / ||O_ref|| and the largest |lse - lse_ref|, and exits with 1 if
@@ -137,6 +139,53 @@ def _check_decode_version(cp, version, decode_attention, paged_decode_attention)
     return failed
 
 
+def check_prefill() -> int:
+    """``paged_prefill_attention`` on small ragged cases (sequences of 2 to 6 key tiles, pages
+    in reverse order, grouped heads), one and three key splits (some of them empty),
+    bottom-right causal and none, against the float64 reference; returns failures."""
+    cp = _require_gpu()
+    from ..gpu.prefill import paged_prefill_attention
+
+    cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
+    if cc != (9, 0):
+        print("prefill: skipped, needs compute capability 9.0 (sm_90a)")
+        return 0
+    failed = 0
+    for dtype, d in (("float16", 64), ("bfloat16", 128)):
+        dt, rng = host_dtype(dtype), np.random.default_rng(d)
+        B, Hq, Hkv, Nq, ps = 3, 4, 2, 150, 64
+        L = np.array([Nq, Nq + 100, Nq + 600], dtype=np.int32)
+        Nk = -(-int(L.max()) // ps) * ps  # whole pages; keys past a sequence's length masked
+        q = rng.standard_normal((B, Hq, Nq, d)).astype(np.float32).astype(dt)
+        k = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
+        v = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
+        n = -(-Nk // ps)
+        kp, vp = (x.reshape(B, Hkv, n, ps, d).transpose(0, 2, 1, 3, 4).reshape(B * n, Hkv, ps, d)
+                  for x in (k, v))  # fmt: skip
+        kp, vp = (cp.asarray(np.ascontiguousarray(x[::-1])) for x in (kp, vp))
+        table = (B * n - 1 - np.arange(B * n)).reshape(B, n).astype(np.int32)
+        G = Hq // Hkv
+        kk, vv = (np.repeat(x.astype(np.float64), G, axis=1) for x in (k, v))
+        j, i = np.arange(Nk), np.arange(Nq)[:, None]
+        for causal in ("bottom_right", False):
+            mask = j < L[:, None, None, None]
+            if causal:
+                mask = mask & (j <= i + L[:, None, None, None] - Nq)
+            ref = naive_attention(q.astype(np.float64), kk, vv, mask=mask)
+            for S in (1, 3):
+                O = paged_prefill_attention(cp.asarray(q), kp, vp, table, L, causal=causal,
+                                            splits=S)  # fmt: skip
+                out = cp.asnumpy(O).astype(np.float64)
+                rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                ok = not np.isnan(out).any() and rel <= LIMIT[dtype]
+                failed += not ok
+                print(
+                    f"prefill {dtype:8s} d={d:3d} splits={S} causal={causal!s:12s} Nq={Nq} "
+                    f"lengths {L.tolist()}: rel err {rel:.2e}{'' if ok else '  FAIL'}"
+                )
+    return failed
+
+
 def check_backward(ver, d: int, causal: bool, shape_q, shape_k, dtype: str, seed: int = 0):
     """Relative errors of (dq, dk, dv) of one backward version against float64 (NaN if any
     element holds NaN), with O and lse from the float64 forward rounded as a kernel's are."""
@@ -196,13 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--versions", type=int, nargs="+", help="only these versions")
     parser.add_argument("--decode", action="store_true", help="only the decode kernels")
     parser.add_argument("--backward", action="store_true", help="the backward versions")
+    parser.add_argument("--prefill", action="store_true", help="only the chunked-prefill kernel")
     args = parser.parse_args(argv)
     cp = _require_gpu()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     if args.backward:
         return main_backward(args, cp)
-    if args.decode:
-        failed = check_decode(args.versions)
+    if args.decode or args.prefill:
+        failed = check_decode(args.versions) if args.decode else check_prefill()
         cp.cuda.runtime.deviceSynchronize()
         print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
         return 1 if failed else 0

@@ -18,8 +18,9 @@ each beside a baseline captured and replayed the same way in the same run:
   of the same bytes between two contiguous buffers. GB/s = bytes of K and V written / time.
 - **Chunked prefill** (``prefill``): a 4096-token prompt's attention in chunks of 512 through
   ``flashref.gpu.paged_prefill_attention`` (pages of 128 in a random order, bottom-right
-  causal, the chunks' K/V already in the pools), beside one causal ``flash_attention`` over
-  the contiguous prompt and SDPA cuDNN's; B = 1, (H, d) = (32, 128) and (16, 64).
+  causal, the chunks' K/V already in the pools, key splits chosen by the default), beside
+  the same chunks with one split (``splits=1``), one causal ``flash_attention`` over the
+  contiguous prompt and SDPA cuDNN's; B = 1, (H, d) = (32, 128) and (16, 64).
 - **Generation** (``generation``): the chapter 8 model (trained here for 300 steps with SDPA)
   generating greedily with ``flashref.generate.PagedGenerator`` beside
   ``StaticSDPAGenerator``, B = 1 and 32: tokens per second of the replayed steps, the tokens'
@@ -232,7 +233,8 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashref.gpu import flash_attention
-    from flashref.gpu.prefill import paged_prefill_attention
+    from flashref.gpu._launch import device_facts as gpu_facts
+    from flashref.gpu.prefill import BC, BR, default_splits, paged_prefill_attention
 
     torch, cp = ctx["torch"], ctx["cp"]
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -245,8 +247,8 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     chunks = [q[:, :, c : c + PREFILL_CHUNK].contiguous() for c in starts]
     lens = [torch.tensor([c + PREFILL_CHUNK], dtype=torch.int32, device="cuda") for c in starts]
 
-    def chunked():
-        return [paged_prefill_attention(x, kp, vp, table, n)
+    def chunked(splits=None):
+        return [paged_prefill_attention(x, kp, vp, table, n, splits=splits)
                 for x, n in zip(chunks, lens, strict=True)]  # fmt: skip
 
     def one():
@@ -257,17 +259,22 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
             return sdpa(q, k, v, is_causal=True)
 
     row = {"dtype": dtype, "B": 1, "H": H, "d": d, "N": PREFILL_N, "chunk": PREFILL_CHUNK,
-           "page_size": PREFILL_PAGE, "flops": 2 * H * PREFILL_N**2 * d}  # fmt: skip
-    for name, fn in (("chunked", chunked), ("one_forward", one), ("cudnn", cudnn)):
+           "page_size": PREFILL_PAGE, "flops": 2 * H * PREFILL_N**2 * d,
+           "splits": default_splits(-(-PREFILL_CHUNK // BR) * H, -(-PREFILL_N // BC),
+                                    gpu_facts()[2])}  # fmt: skip
+    for name, fn in (("chunked", chunked), ("chunked_one_split", lambda: chunked(1)),
+                     ("one_forward", one), ("cudnn", cudnn)):  # fmt: skip
         us, times = _replayed(torch, cp, [fn] * 4, rounds)
         row[f"{name}_us"], row[f"{name}_round_us"] = us, times
         row[f"{name}_tflops"] = row["flops"] / us * 1e-6
     row["ratio_to_one_forward"] = row["one_forward_us"] / row["chunked_us"]
     row["ratio_to_cudnn"] = row["cudnn_us"] / row["chunked_us"]
+    row["ratio_to_one_split"] = row["chunked_one_split_us"] / row["chunked_us"]
     got, want = torch.cat(chunked(), dim=2).float(), one().float()
     row["rel_diff_to_one_forward"] = float((got - want).norm() / want.norm())
     print(
-        f"[prefill H={H} d={d}] chunked {row['chunked_us']:.0f} us, one forward "
+        f"[prefill H={H} d={d}] chunked {row['chunked_us']:.0f} us ({row['splits']} splits; "
+        f"one split {row['chunked_one_split_us']:.0f}), one forward "
         f"{row['one_forward_us']:.0f} us, cuDNN {row['cudnn_us']:.0f} us",
         file=sys.stderr,
     )
@@ -402,10 +409,14 @@ def print_table(result: dict) -> None:
               f"{r['copy_gbps']:.0f} | {r['ratio_to_copy']:.2f} | "
               f"{r['fraction_of_hbm_copy']:.2f} |")  # fmt: skip
     print(f"\n# chunked prefill, B = 1, N = {PREFILL_N}, chunks of {PREFILL_CHUNK}: us per prompt")
-    print("| dtype | H | d | chunked | one forward | cuDNN | ratio to one forward | to cuDNN |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| dtype | H | d | splits | chunked | one split | one forward | cuDNN | ratio to one "
+        "forward | to cuDNN |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result.get("prefill", []):
-        print(f"| {r['dtype']} | {r['H']} | {r['d']} | {r['chunked_us']:.0f} | "
+        print(f"| {r['dtype']} | {r['H']} | {r['d']} | {r['splits']} | {r['chunked_us']:.0f} | "
+              f"{r['chunked_one_split_us']:.0f} | "
               f"{r['one_forward_us']:.0f} | {r['cudnn_us']:.0f} | "
               f"{r['ratio_to_one_forward']:.2f} | {r['ratio_to_cudnn']:.2f} |")  # fmt: skip
     print("\n# generation, the chapter 8 model, greedy, graph-replayed steps: tokens/s")

@@ -16,6 +16,13 @@ hold at least ``Nq`` keys (its chunk appended). The kernel
 (``flashref/kernels/hopper/paged_prefill.cu``) is version 29's loop with K and V read
 through the block table, so it runs where version 29 runs: compute capability 9.0 (sm_90a),
 d 64 or 128, float16 or bfloat16, page sizes a multiple of 64.
+
+A chunk of few query blocks has fewer work tiles (query block, head) than the GPU has SMs:
+512 queries of 16 heads are 64 tiles for 132 SMs. Then each query block's keys are split
+among ``splits`` work tiles (at least two key tiles each), and a second kernel merges a row's
+splits by their log-sum-exp, as the decode kernels do (chapter 10). ``splits=None`` (the
+default) takes as many as fill the SMs once: ``SMs // (query blocks x B x Hq)``, at most
+``MAX_SPLITS`` and half the key tiles of the longest sequence the table can hold.
 """
 
 from __future__ import annotations
@@ -36,7 +43,14 @@ from .decode.checks import (
 )
 
 BR, BC, STAGES, THREADS = 128, 128, 3, 384  # version 29's tiles, ring and block
-KERNEL = "paged_prefill"
+KERNEL, COMBINE = "paged_prefill", "paged_prefill_combine"
+MAX_SPLITS = 16
+
+
+def default_splits(work_tiles: int, key_tiles: int, sms: int) -> int:
+    """Key splits per query block: enough that the work tiles fill the SMs once (no more),
+    each split at least two key tiles of the longest sequence, at most MAX_SPLITS."""
+    return max(1, min(MAX_SPLITS, sms // max(work_tiles, 1), key_tiles // 2))
 
 
 def smem_bytes(d: int) -> int:
@@ -44,7 +58,7 @@ def smem_bytes(d: int) -> int:
     return 2 * (BR + 2 * STAGES * BC) * d + 1024
 
 
-def _checks(q, k_pages, v_pages, causal, scale, return_lse):
+def _checks(q, k_pages, v_pages, causal, scale, return_lse, splits):
     check_arrays(q, k_pages, v_pages, "k_pages", "v_pages")
     if tuple(v_pages.shape) != tuple(k_pages.shape):
         raise ValueError(
@@ -77,11 +91,17 @@ def _checks(q, k_pages, v_pages, causal, scale, return_lse):
         raise ValueError(f"k_pages has {P * Hkv * ps} rows; the kernel addresses fewer than 2^31")
     causal = causal_bottom_right(causal, "paged_prefill_attention")
     check_flag(return_lse, "return_lse")
+    if splits is not None:
+        if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)):
+            raise TypeError(f"splits must be an int or None, got {type(splits).__name__}")
+        if not 1 <= splits <= MAX_SPLITS:
+            raise ValueError(f"splits={splits}; it must be in 1 .. {MAX_SPLITS} (or None)")
     return causal, check_scale(scale, d, "float32"), dtype
 
 
 def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
-                            causal="bottom_right", scale=None, return_lse=False):  # fmt: skip
+                            causal="bottom_right", scale=None, return_lse=False,
+                            splits=None):  # fmt: skip
     """Attention of each sequence's newest ``Nq`` queries to its pages (see the module).
 
     Args:
@@ -92,13 +112,15 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
             are, their values unchecked.
         causal: ``"bottom_right"`` (default) or ``False``; top-left (``True``) is refused.
         scale: default ``1/sqrt(d)``; return_lse: also return ``lse (B, Hq, Nq)`` float32.
+        splits: key splits per query block, 1 .. ``MAX_SPLITS``; None (default): chosen to
+            fill the SMs (see the module). A split with fewer than two key tiles of its
+            sequence is left empty.
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    from ._launch import device_facts
     from ._runtime import _require_gpu
 
-    causal, scale, dtype = _checks(q, k_pages, v_pages, causal, scale, return_lse)
+    causal, scale, dtype = _checks(q, k_pages, v_pages, causal, scale, return_lse, splits)
     B, Hq, Nq, d = (int(x) for x in q.shape)
     P, Hkv, ps, _ = (int(x) for x in k_pages.shape)
     on_device = is_device_array(block_table), is_device_array(lengths)
@@ -115,8 +137,10 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
             if str(x.dtype).removeprefix("torch.") != "int32":
                 raise TypeError(f"{name} has dtype {x.dtype}; device tables must be int32")
         bt, L = block_table, lengths
+        longest = int(bt.shape[1]) * ps  # the most the table can hold: lengths stay unread
     else:
         bt, L = check_block_table(block_table, lengths, B, P, ps)
+        longest = int(L.max()) if B else 0
         if B and int(L.min()) < Nq:
             b = int(np.argmin(L))
             raise ValueError(
@@ -124,6 +148,8 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
                 "append the chunk's keys and values before its queries attend (lengths >= Nq)"
             )
     cp = _require_gpu()
+    from ._launch import device_facts  # imports CuPy: after the checks and _require_gpu
+
     names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages))
     b = _host.backend_of(cp, names)
     with _host.device_scope(cp, b.device):
@@ -145,7 +171,14 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
             if B == 0:
                 return (O, lse) if return_lse else O
             BH, Tr = B * Hq, -(-Nq // BR)
+            S = splits or default_splits(Tr * BH, -(-longest // BC), sms)
             rows = P * Hkv * ps
+            if S > 1:  # each split's O / l and lse, merged by the second kernel
+                O_part = b.empty((BH * Nq, S, d), "float32")
+                lse_part = b.empty((BH * Nq, S), "float32")
+                parts = (b.ptr(O_part), b.ptr(lse_part))
+            else:
+                parts = (0, 0)
             from ._launch import tensor_map_ptr
 
             dev = cp.cuda.runtime.getDevice()
@@ -156,13 +189,20 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
                     np.int32(Nq), np.int32(bt.shape[1] * ps), np.float32(scale),
                     np.int32(bool(causal)), qmap, kmap, vmap, np.int32(BH), np.int32(Hq),
                     np.int32(Hkv), np.int32(ps), np.int32(bt.shape[1]),
-                    np.int32(rows))  # fmt: skip
-            fn = _function(cp, d, dtype, dev)
+                    np.int32(rows), np.int32(S), *parts)  # fmt: skip
+            fn, combine = _function(cp, d, dtype, dev)
             launcher = _LAUNCHERS.get(fn)
             if launcher is None:
                 launcher = _LAUNCHERS[fn] = _host.launcher(fn, args)
-            grid = (min(Tr * BH, sms), 1, 1)
-            launcher(grid, (THREADS, 1, 1), smem_bytes(d), b.stream_ptr(), args)
+            grid = (min(Tr * BH * S, sms), 1, 1)
+            stream = b.stream_ptr()
+            launcher(grid, (THREADS, 1, 1), smem_bytes(d), stream, args)
+            if S > 1:
+                cargs = (*parts, b.ptr(O), b.ptr(lse), np.int32(BH * Nq), np.int32(S))
+                merge = _LAUNCHERS.get(combine)
+                if merge is None:
+                    merge = _LAUNCHERS[combine] = _host.launcher(combine, cargs)
+                merge((-(-BH * Nq // 4), 1, 1), (128, 1, 1), 0, stream, cargs)
     return (O, lse) if return_lse else O
 
 
@@ -171,12 +211,13 @@ _LAUNCHERS: dict = {}
 
 @functools.lru_cache(maxsize=16)
 def _function(cp, d: int, dtype: str, device: int):
-    """The compiled kernel for (d, dtype) on ``device``."""
+    """The compiled kernel and its combine kernel for (d, dtype) on ``device``."""
     from ._launch import NVRTC_OPTIONS
     from .registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
     source = paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
     opts = (*NVRTC_OPTIONS, "-arch=sm_90a", f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
-    fn = cp.RawModule(code=source, options=opts).get_function(KERNEL)
+    module = cp.RawModule(code=source, options=opts)
+    fn = module.get_function(KERNEL)
     fn.max_dynamic_shared_size_bytes = smem_bytes(d)
-    return fn
+    return fn, module.get_function(COMBINE)

@@ -485,3 +485,25 @@ def test_a_ragged_list_is_an_error_naming_the_argument(name, no_cupy):
         lengths = [[100], 64]
     with pytest.raises(ValueError, match=f"{name} must be a rectangular array of integers"):
         fg.paged_decode_attention(q, pages, pages, table, lengths)
+
+
+def test_prefill_splits_fill_the_sms_once_and_keep_two_key_tiles_each(no_cupy):
+    from flashref.gpu import prefill as pf
+
+    # 512 queries x 16 heads: 64 work tiles for 132 SMs -> 2 splits (128 tiles, one wave)
+    assert pf.default_splits(4 * 16, 32, 132) == 2
+    assert pf.default_splits(4 * 32, 32, 132) == 1  # 128 tiles fill the SMs already
+    assert pf.default_splits(16, 32, 132) == 8
+    assert pf.default_splits(16, 5, 132) == 2  # at least two key tiles per split
+    assert pf.default_splits(1, 10**6, 132) == pf.MAX_SPLITS
+    assert pf.default_splits(0, 0, 132) == 1
+    q = np.zeros((1, 2, 10, 64), np.float16)
+    kp = np.zeros((4, 2, 64, 64), np.float16)
+    for splits, error, match in (
+        (0, ValueError, r"splits=0; it must be in 1 \.\. 16"),
+        (True, TypeError, "splits must be an int or None, got bool"),
+    ):
+        with pytest.raises(error, match=match):  # before any work, without a GPU
+            pf.paged_prefill_attention(q, kp, kp, [[0, 1]], [10], splits=splits)
+    with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
+        pf.paged_prefill_attention(q, kp, kp, [[0, 1]], [10], splits=3)

@@ -4,6 +4,10 @@
   lengths, pages out of order (two sequences appended in turns), grouped heads, Nq from 1 to
   more than a query block, bottom-right causal and none, host and device tables, d 64 and
   128, float16 and bfloat16, page sizes 64 and 128.
+- Split keys (``splits`` > 1, a second kernel merging the splits): the same reference at 2,
+  3 and 16 splits, where some sequences have too few key tiles for every split (empty
+  splits) and some have many; the default choice splits a short chunk and gives the result
+  of one split within the tolerance.
 - A 1000-token prompt written chunk by chunk into a ``DevicePagedKVCache`` (append, then
   attend) gives the one-pass causal forward's result (``flash_attention``) within the
   tolerance, and its float64 reference.
@@ -79,6 +83,50 @@ def test_against_the_float64_reference(cp, sm90, dtype, d, ps, Nq):
             np.testing.assert_allclose(cp.asnumpy(lse), ref_lse, atol=2e-2, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("splits", [2, 3, 16])
+def test_split_keys_against_the_float64_reference(cp, sm90, dtype, d, splits):
+    from flashref.gpu.prefill import paged_prefill_attention
+
+    Nq = 200  # two query blocks; sequences of 2, 5 and 13 key tiles (or fewer, causal)
+    lengths = [Nq + 5, Nq + 400, Nq + 1400]
+    cache, seqs, rng = _case(dtype, 64, 2, d, lengths, seed=splits * 11 + d)
+    q = _rounded(rng, (3, 4, Nq, d), dtype)
+    kp, vp = (cp.asarray(x.astype(dtype)) for x in (cache.k_pages, cache.v_pages))
+    table, L = cache.block_table(seqs)
+    for causal in ("bottom_right", False):
+        ref, ref_lse = flashref.paged_attention(q, cache, seqs, causal=causal, return_lse=True)
+        for tables in ((table, L), (cp.asarray(table, dtype=cp.int32), cp.asarray(L, cp.int32))):
+            O, lse = paged_prefill_attention(cp.asarray(q.astype(dtype)), kp, vp, *tables,
+                                             causal=causal, return_lse=True,
+                                             splits=splits)  # fmt: skip
+            O = cp.asnumpy(O).astype(np.float64)
+            assert not np.isnan(O).any()
+            err = _rel(O, ref)
+            assert err <= CEILING[dtype], f"{causal=} {type(tables[0]).__module__}: {err}"
+            np.testing.assert_allclose(cp.asnumpy(lse), ref_lse, atol=2e-2, rtol=0)
+
+
+def test_default_splits_a_short_chunk(torch, sm90):
+    from flashref.gpu._launch import device_facts
+    from flashref.gpu.prefill import BC, BR, default_splits, paged_prefill_attention
+
+    H, Nq, Lk, d, ps = 8, 256, 2048, 64, 128
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn((1, H, Nq, d), generator=g, device="cuda").half()
+    kp, vp = (torch.randn((Lk // ps, H, ps, d), generator=g, device="cuda").half()
+              for _ in range(2))  # fmt: skip
+    table = torch.arange(Lk // ps, dtype=torch.int32, device="cuda")[None]
+    L = torch.tensor([Lk], dtype=torch.int32, device="cuda")
+    S = default_splits(H * Nq // BR, Lk // BC, device_facts()[2])
+    assert S > 1  # 16 work tiles on an H200's 132 SMs
+    one, lse1 = paged_prefill_attention(q, kp, vp, table, L, splits=1, return_lse=True)
+    got, lse = paged_prefill_attention(q, kp, vp, table, L, return_lse=True)
+    assert (got.float() - one.float()).norm() / one.float().norm() <= CEILING["float16"]
+    assert (lse - lse1).abs().max() <= 1e-3
+
+
 def test_chunks_through_the_cache_equal_one_forward(torch, sm90):
     from flashref.gpu import DevicePagedKVCache, flash_attention
     from flashref.gpu.prefill import paged_prefill_attention
@@ -120,3 +168,7 @@ def test_arguments(torch, sm90):
         paged_prefill_attention(q, kp.float(), kp, bt, L + 1)
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] is 7"):
         paged_prefill_attention(q, kp, kp, np.array([[0, 7]], np.int32), np.array([70]))
+    with pytest.raises(ValueError, match=r"splits=0; it must be in 1 \.\. 16"):
+        paged_prefill_attention(q, kp, kp, bt, L + 1, splits=0)
+    with pytest.raises(TypeError, match="splits must be an int or None, got float"):
+        paged_prefill_attention(q, kp, kp, bt, L + 1, splits=2.0)

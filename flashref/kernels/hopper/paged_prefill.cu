@@ -19,7 +19,16 @@
 //     zeros, and no page is looked up beyond the sequence's;
 //   * the mask and the causal skip: keys past L, and with causal keys after row + L - Nq, are
 //     masked (softmax_tile is given the row shifted by the offset); the last tile of a query
-//     block is the one holding key q0 + Br - 1 + L - Nq.
+//     block is the one holding key q0 + Br - 1 + L - Nq;
+//   * split keys (splits > 1): a chunk of few query blocks has fewer work tiles than the GPU
+//     has SMs (4 query blocks x 16 heads = 64 for 132), so each (query block, head) can be
+//     cut into `splits` work tiles by its key tiles, as the decode kernels split (chapter 10).
+//     Split s of a query block with n key tiles takes tiles [s n / e, (s + 1) n / e), e =
+//     min(splits, n / 2) (at least 1): at least two tiles each, so that consumer warpgroup 0,
+//     whose last causal tile is at most one before warpgroup 1's, has a tile in every split.
+//     A split s >= e is empty: no block loads anything for it, its rows get lse = -inf. Each
+//     split writes its rows' O / l in float32 and their lse to O_part and lse_part, and
+//     paged_prefill_combine merges a row's splits by their lse (a second launch).
 // Rows before the sequence's first key (L < Nq, a chunk not appended yet) would see no key:
 // the host refuses tables it can check, and the pools' free slots must hold finite values
 // (flashref.gpu.DevicePagedKVCache's pools start at zero).
@@ -87,6 +96,35 @@ __device__ __forceinline__ void load_kv_paged(u32 Ks, u32 Vs, const TensorMap* k
     }
 }
 
+// work tile `item` of Tr * BH * splits (the splits of one query block side by side): its query
+// block, (batch, head) bh, sequence length L and key tiles [t_lo, t_hi); false if the split is
+// empty (see the header)
+__device__ __forceinline__ bool split_tile(int item, int Tr, int BH, int G, int causal, int splits,
+                                           const int* lengths, int Hq, int Nq, int& q_block,
+                                           int& bh, int& L, int& t_lo, int& t_hi)
+{
+    const int split = item % splits;
+    work_tile(item / splits, Tr, BH, G, causal, q_block, bh);
+    L = lengths[bh / Hq];
+    const int kv_end = causal ? min(L, q_block * Br + Br + L - Nq) : L;
+    const int n_tiles = (kv_end + Bc - 1) / Bc;
+    const int e = max(1, min(splits, n_tiles / 2));
+    t_lo = split * n_tiles / e;
+    t_hi = (split + 1) * n_tiles / e;
+    return split < e;
+}
+
+// whether this block has a non-empty work tile after `item` (its items go by gridDim.x)
+__device__ __forceinline__ bool more_tiles(int item, int n_items, int Tr, int BH, int G, int causal,
+                                           int splits, const int* lengths, int Hq, int Nq)
+{
+    int q_block, bh, L, t_lo, t_hi;
+    for (int next = item + (int)gridDim.x; next < n_items; next += gridDim.x)
+        if (split_tile(next, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi))
+            return true;
+    return false;
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
               half_t* __restrict__ O,        // (B*Hq, Nq, D)
@@ -97,7 +135,10 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
               const __grid_constant__ TensorMap qmap,   // (B*Hq*Nq, D), box (64, 64)
               const __grid_constant__ TensorMap kmap,   // (num_pages*Hkv*page_size, D), box (64, 64)
               const __grid_constant__ TensorMap vmap,   // the same for V
-              int BH, int Hq, int Hkv, int page_size, int max_pages, int past_end)
+              int BH, int Hq, int Hkv, int page_size, int max_pages, int past_end,
+              int splits,                    // key splits per query block (1: O and lse directly)
+              float* __restrict__ O_part,    // splits > 1: (B*Hq*Nq, splits, D), each split's O / l
+              float* __restrict__ lse_part)  // splits > 1: (B*Hq*Nq, splits)
 {
     extern __shared__ uint4 smem_[];
     const u32 Qs = (smem_u32(smem_) + 1023) & ~1023u;  // (NBOX, Br, 64), 1024-byte aligned
@@ -111,11 +152,24 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int g = lane >> 2, t = lane & 3;
     const int Tr = (Nq + Br - 1) / Br;
-    const int n_items = Tr * BH;  // work tiles; this block takes blockIdx.x, + gridDim.x, ...
+    const int n_items = Tr * BH * splits;  // work tiles; this block takes blockIdx.x, + gridDim.x, ...
     // causal: heads per section, their K and V (Nk x D x 2 x 2 bytes each) within L2_KV_BYTES
     const int G = (int)max(1ll, min((long long)BH, L2_KV_BYTES / ((long long)Nk_max * D * 4)));
     const int group = Hq / Hkv;  // query heads per K/V head
     if ((int)blockIdx.x >= n_items) return;  // never: the host launches min(n_items, SMs) blocks
+    {  // a block whose work tiles are all empty splits writes their lse and leaves
+        int q_block, bh, L, t_lo, t_hi;
+        if (!split_tile(blockIdx.x, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi) &&
+            !more_tiles(blockIdx.x, n_items, Tr, BH, G, causal, splits, lengths, Hq, Nq)) {
+            for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+                split_tile(item, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi);
+                for (int r = threadIdx.x; r < Br; r += NTHREADS)
+                    if (q_block * Br + r < Nq)
+                        lse_part[((size_t)bh * Nq + q_block * Br + r) * splits + item % splits] = NEG_INF;
+            }
+            return;
+        }
+    }
 
     if (threadIdx.x == 0) {
         mbar_init(qbar, 1);
@@ -134,14 +188,12 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
             int st = 0;           // the next K/V tile's stage,
             u32 ph = 0;           // the parity of that stage's next filling,
             bool refill = false;  // and whether the stage was filled before (then: wait for it)
-            for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x, n++) {
-                int q_block, bh;
-                work_tile(item, Tr, BH, G, causal, q_block, bh);
+            for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x) {
+                int q_block, bh, L, t_lo, t_hi;  // key tiles t_lo .. t_hi - 1 of query block q_block
+                if (!split_tile(item, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi))
+                    continue;  // an empty split: nothing to load (n counts the loaded tiles)
                 const int q0 = q_block * Br;
                 const int b_seq = bh / Hq, hkv = (bh % Hq) / group;
-                const int L = lengths[b_seq], off = L - Nq;  // query i sits at key i + off
-                const int kv_end = causal ? min(L, q0 + Br + off) : L;
-                const int n_tiles = (kv_end + Bc - 1) / Bc;
                 const int* bt = block_table + (size_t)b_seq * max_pages;
                 if (n >= 1)  // both warpgroups' last S of n - 1
                     mbar_wait_suspend(q_empty, (n - 1) & 1, PRODUCER_SUSPEND_NS);
@@ -151,7 +203,7 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
 #pragma unroll
                     for (int w = 0; w < NWG; w++)
                         tma_load_2d(Qs + b * BOX_Q + w * 64 * 128, &qmap, 64 * b, bh * Nq + q0 + 64 * w, qbar);
-                for (int it = 0; it < n_tiles; it++) {
+                for (int it = t_lo; it < t_hi; it++) {
                     if (refill)  // the consumers left the tile KV_STAGES before this one
                         mbar_wait_suspend(empty0 + 8 * st, ph ^ 1, PRODUCER_SUSPEND_NS);
                     load_kv_paged(Ks_buf + st * KV_BYTES, Vs_buf + st * KV_BYTES, &kmap, &vmap,
@@ -159,6 +211,7 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
                     ring_next(st, ph);
                     refill |= st == 0;
                 }
+                n++;
             }
         }
         return;
@@ -177,14 +230,20 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
 
     int st = 0;  // the ring's next K/V tile (the producer's order): its stage,
     u32 ph = 0;  // and the parity of that stage's filling
-    for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x, n++) {
-        int q_block, bh;
-        work_tile(item, Tr, BH, G, causal, q_block, bh);
-        const int q0 = q_block * Br;
-        const int L = lengths[bh / Hq], off = L - Nq;  // query i sits at key i + off
-        const int kv_end = causal ? min(L, q0 + Br + off) : L;
-        const int n_tiles = (kv_end + Bc - 1) / Bc;
-        const bool more = item + (int)gridDim.x < n_items;  // another work tile follows
+    for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x) {
+        int q_block, bh, L, t_lo, t_hi;  // key tiles t_lo .. t_hi - 1 of query block q_block
+        const int split = item % splits;
+        if (!split_tile(item, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi)) {
+            const int row = q_block * Br + wrow0 + (threadIdx.x % 128) % 16;  // an empty split:
+            if ((threadIdx.x % 128) % 32 < 16 && row < Nq)                  // lse = -inf, no O
+                lse_part[((size_t)bh * Nq + row) * splits + split] = NEG_INF;
+            continue;
+        }
+        const int q0 = q_block * Br, off = L - Nq;  // query i sits at key i + off
+        const int n_tiles = t_hi - t_lo;            // this split's tiles: it = 0 is tile t_lo
+        const int c_lo = t_lo * Bc;                 // its first key
+        // another non-empty work tile follows in this block
+        const bool more = more_tiles(item, n_items, Tr, BH, G, causal, splits, lengths, Hq, Nq);
 
         float o[D / 2];  // this warpgroup's 64 x D block of O, wgmma accumulator layout
 #pragma unroll
@@ -192,7 +251,7 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
         float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8; m in raw-score units
         // tiles 0 .. n_mine - 1 are this warpgroup's (causal: the rest lie past its last row)
         const int row0 = q0 + wrow0 + off;  // in key positions: the mask's row
-        const int n_mine = causal ? min(n_tiles, (q0 + cw * 64 + 63 + off) / Bc + 1) : n_tiles;
+        const int n_mine = causal ? min(t_hi, (q0 + cw * 64 + 63 + off) / Bc + 1) - t_lo : n_tiles;
         float s[Bc / 2];      // S_j, then P_j (64 x Bc): s[4 j + e] is row g + 8 (e / 2), key 8 j + 2 t + e % 2
         u32 p[Bc / 16][4];    // P_{j-1} as A fragments, read by the O += P V in flight
         float alpha[2] = {1.f, 1.f};
@@ -208,7 +267,7 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
         wgmma_wait<0>();
         wgmma_fence_acc(s);
         if (n_mine == 1) mbar_arrive(q_empty);  // this warpgroup's last S has read Q
-        softmax_tile(s, m, l, alpha, 0, row0, L, causal, sl2, g, t);
+        softmax_tile(s, m, l, alpha, c_lo, row0, L, causal, sl2, g, t);
         pack_p(p, s);  // P_0: no product reads p now
         int pst = st;  // the stage of the tile whose P V comes next
         ring_next(st, ph);
@@ -225,7 +284,7 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
             wgmma_wait<1>();                                 // S_it is done, the product may run on
             wgmma_fence_acc(s);
             if (it + 1 == n_mine) mbar_arrive(q_empty);     // the last S: Q may be overwritten
-            const bool rescale = softmax_tile(s, m, l, alpha, it * Bc, row0, L, causal, sl2, g, t);
+            const bool rescale = softmax_tile(s, m, l, alpha, c_lo + it * Bc, row0, L, causal, sl2, g, t);
             wgmma_wait<0>();
             wgmma_fence_acc(o);
             pack_p(p, s);  // P_it, now that the product that read P_{it-1} has completed
@@ -267,11 +326,56 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
             int row = q0 + wrow0 + g + h * 8;
             if (row >= Nq) continue;
             float inv = (lr > 0.f) ? 1.f / lr : 0.f;  // a row that saw no key gets zeros
-            u32* Orow = (u32*)(O + ((size_t)bh * Nq + row) * D);
+            const float lse_r = (lr > 0.f) ? m[h] * scale + logf(lr) : NEG_INF;
+            const size_t grow = (size_t)bh * Nq + row;
+            if (splits == 1) {
+                u32* Orow = (u32*)(O + grow * D);
 #pragma unroll
-            for (int c = 0; c < D / 8; c++)
-                Orow[c * 4 + t] = pack_half2(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
-            if (t == 0) lse[(size_t)bh * Nq + row] = (lr > 0.f) ? m[h] * scale + logf(lr) : NEG_INF;
+                for (int c = 0; c < D / 8; c++)
+                    Orow[c * 4 + t] = pack_half2(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
+                if (t == 0) lse[grow] = lse_r;
+            } else {
+                float2* Orow = (float2*)(O_part + (grow * splits + split) * D);
+#pragma unroll
+                for (int c = 0; c < D / 8; c++)
+                    Orow[c * 4 + t] = make_float2(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
+                if (t == 0) lse_part[grow * splits + split] = lse_r;
+            }
         }
+        n++;
     }
+}
+
+// splits > 1: one warp per query row (bh, i) merges the row's splits by their lse, in split
+// order: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. An empty split (lse_s =
+// -inf) is skipped: its O_s was never written.
+extern "C" __global__ void __launch_bounds__(128)
+paged_prefill_combine(const float* __restrict__ O_part,    // (rows, splits, D)
+                      const float* __restrict__ lse_part,  // (rows, splits)
+                      half_t* __restrict__ O,              // (rows, D)
+                      float* __restrict__ lse,             // (rows,)
+                      int rows, int splits)
+{
+    const int row = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;  // the whole warp
+    const float* ls = lse_part + (size_t)row * splits;
+    float mx = NEG_INF;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, ls[s]);
+    float sum = 0.f;
+    for (int s = 0; s < splits; s++)
+        if (ls[s] != NEG_INF) sum += expf(ls[s] - mx);
+    const float total = (mx == NEG_INF) ? NEG_INF : mx + logf(sum);
+#pragma unroll
+    for (int col = 2 * lane; col < D; col += 64) {
+        float ox = 0.f, oy = 0.f;
+        for (int s = 0; s < splits; s++) {
+            if (ls[s] == NEG_INF) continue;
+            const float w = expf(ls[s] - total);
+            const float2 os = *(const float2*)&O_part[((size_t)row * splits + s) * D + col];
+            ox += w * os.x;
+            oy += w * os.y;
+        }
+        ((u32*)O)[((size_t)row * D + col) / 2] = pack_half2(ox, oy);
+    }
+    if (lane == 0) lse[row] = total;
 }
