@@ -315,20 +315,43 @@ def generation_lines(data: dict) -> list[str]:
     return out
 
 
+def prefill_fit(kernel_us, tiles) -> tuple[float, float]:
+    """Least squares of each chunk's kernel time against its longest work tile's key tiles:
+    ``(fixed, per_tile)`` in us, kernel_us ~ fixed + per_tile x tiles."""
+    import numpy as np
+
+    per_tile, fixed = np.polyfit(np.asarray(tiles, float), np.asarray(kernel_us, float), 1)
+    return float(fixed), float(per_tile)
+
+
 def prefill_lines(data: dict) -> list[str]:
     """Chunked prefill (``paged_prefill_attention``, one prompt in chunks through the pages)
-    beside one causal forward over the contiguous prompt and SDPA cuDNN's, us per prompt,
-    with each shape's work tiles per chunk against the GPU's SMs."""
+    with its default key splits and with one, beside one causal forward over the contiguous
+    prompt and SDPA cuDNN's, us per prompt; each shape's work tiles per chunk against the
+    GPU's SMs, and the fit of its chunks' kernel times (``prefill_fit``)."""
     sms = data["meta"]["sm_count"]
     out = ["one prompt of N tokens, B = 1: us per prompt (ratio: the other's time / chunked)",
-           f"{'':5}{'H':>3}{'d':>5}{'N':>6}{'chunk':>6}{'chunked':>9}{'forward':>9}{'cuDNN':>7}"
-           f"{'x fwd':>7}{'x cuDNN':>8}{'tiles/chunk':>13}"]  # fmt: skip
+           f"{'':5}{'H':>3}{'d':>5}{'N':>6}{'chunk':>6}{'tiles':>6}{'S':>3}{'chunked':>8}"
+           f"{'S = 1':>7}{'forward':>8}{'cuDNN':>6}{'x fwd':>6}{'x cuDNN':>8}"]  # fmt: skip
     for r in data["prefill"]:
         tiles = -(-r["chunk"] // 128) * r["B"] * r["H"]  # query blocks of 128 x heads
         out.append(f"{short_dtype(r['dtype']):5}{r['H']:>3}{r['d']:>5}{r['N']:>6}{r['chunk']:>6}"
-                   f"{r['chunked_us']:>9.0f}{r['one_forward_us']:>9.0f}{r['cudnn_us']:>7.0f}"
-                   f"{r['ratio_to_one_forward']:>7.2f}{r['ratio_to_cudnn']:>8.2f}"
-                   f"{tiles:>13}")  # fmt: skip
-    out.append(f"the GPU has {sms} SMs; the kernel runs min(tiles, SMs) blocks of one tile "
-               "at a time each")  # fmt: skip
+                   f"{tiles:>6}{r['splits']:>3}{r['chunked_us']:>8.0f}"
+                   f"{r['chunked_one_split_us']:>7.0f}{r['one_forward_us']:>8.0f}"
+                   f"{r['cudnn_us']:>6.0f}{r['ratio_to_one_forward']:>6.2f}"
+                   f"{r['ratio_to_cudnn']:>8.2f}")  # fmt: skip
+    out.append(
+        f"tiles: work tiles (query block, head) of one chunk, for {sms} SMs; S: key "
+        "splits per query block (the default), S = 1: the same chunks unsplit"
+    )
+    out.append("each chunk's kernel time ~ fixed + per tile x (key tiles of its longest work "
+               "tile), least squares over the chunks:")  # fmt: skip
+    for r in data["prefill"]:
+        fixed, per_tile = prefill_fit(r["chunk_kernel_us"]["default"],
+                                      r["chunk_longest_tiles"]["default"])  # fmt: skip
+        n = len(r["chunk_kernel_us"]["default"])
+        merge = sum(r["combine_kernel_us"]["default"])
+        out.append(f"  {short_dtype(r['dtype'])} H {r['H']} d {r['d']}: fixed {fixed:.1f} us, "
+                   f"{per_tile:.2f} us per tile; {n} chunks pay {n * fixed:.0f} us fixed"
+                   + (f" and {merge:.0f} us of merging" if merge else ""))  # fmt: skip
     return out

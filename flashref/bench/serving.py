@@ -272,6 +272,19 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     row["ratio_to_one_split"] = row["chunked_one_split_us"] / row["chunked_us"]
     got, want = torch.cat(chunked(), dim=2).float(), one().float()
     row["rel_diff_to_one_forward"] = float((got - want).norm() / want.norm())
+    # what each chunk's kernels take (the profiler's device times, one eager prompt), beside
+    # the key tiles of each chunk's longest work tile: a fixed cost per launch and a cost per
+    # tile (flashref.decode_report.prefill_fit)
+    sms = gpu_facts()[2]
+    for name, splits in (("default", None), ("one_split", 1)):
+        kernels = _device_times(torch, lambda s=splits: chunked(s))
+        row.setdefault("chunk_kernel_us", {})[name] = [
+            t for n, t in kernels if n == "paged_prefill"]  # fmt: skip
+        row.setdefault("combine_kernel_us", {})[name] = [
+            t for n, t in kernels if n == "paged_prefill_combine"]  # fmt: skip
+        row.setdefault("chunk_longest_tiles", {})[name] = [
+            _longest_tiles(c + PREFILL_CHUNK, PREFILL_CHUNK, H, splits, PREFILL_N, sms)
+            for c in starts]  # fmt: skip
     print(
         f"[prefill H={H} d={d}] chunked {row['chunked_us']:.0f} us ({row['splits']} splits; "
         f"one split {row['chunked_one_split_us']:.0f}), one forward "
@@ -279,6 +292,33 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
         file=sys.stderr,
     )
     return row
+
+
+def _device_times(torch, fn) -> list[tuple[str, float]]:
+    """(kernel name, device us) of each kernel ``fn`` launches, in order (torch.profiler)."""
+    fn()
+    torch.cuda.synchronize()
+    cuda = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[cuda]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [(e.name, e.device_time) for e in sorted(events, key=lambda e: e.time_range.start)]
+
+
+def _longest_tiles(L: int, Nq: int, H: int, splits, capacity: int, sms: int) -> int:
+    """Key tiles of the longest work tile of one chunk (B = 1, bottom-right causal): the
+    kernel's split rule (``split_tile`` in paged_prefill.cu) on the host."""
+    from flashref.gpu.prefill import BC, BR, default_splits
+
+    Tr = -(-Nq // BR)
+    S = splits or default_splits(Tr * H, -(-capacity // BC), sms)
+    longest = 0
+    for j in range(Tr):
+        n = -(-min(L, (j + 1) * BR + L - Nq) // BC)
+        e = max(1, min(S, n // 2))
+        longest = max(longest, -(-n // e))
+    return longest
 
 
 def _copies(torch, events) -> dict:

@@ -59,11 +59,24 @@ def test_serving_lines_read_the_file(serving):
     for name, h in serving["meta"]["other_sources"].items():
         assert name in "\n".join(prov) and h in "\n".join(prov)
     rows = dr.prefill_lines(serving)
-    assert len(rows) == 3 + len(serving["prefill"])
+    n = len(serving["prefill"])
+    assert len(rows) == 4 + 2 * n
     for r, line in zip(serving["prefill"], rows[2:], strict=False):
         assert f"{r['chunked_us']:.0f}" in line and f"{r['ratio_to_one_forward']:.2f}" in line
+        assert f"{r['chunked_one_split_us']:.0f}" in line
+    for r, line in zip(serving["prefill"], rows[-n:], strict=True):
+        fixed, per_tile = dr.prefill_fit(r["chunk_kernel_us"]["default"],
+                                         r["chunk_longest_tiles"]["default"])  # fmt: skip
+        assert f"fixed {fixed:.1f} us, {per_tile:.2f} us per tile" in line
+        assert len(r["chunk_kernel_us"]["default"]) == r["N"] // r["chunk"]
     gaps = [g for r in serving["generation"] for g in r["gap_at_difference"] if g is not None]
     assert f"{max(gaps):.3f}" in "\n".join(dr.generation_lines(serving))
+
+
+def test_prefill_fit_recovers_a_line():
+    tiles = [4, 8, 12, 16, 20]
+    fixed, per_tile = dr.prefill_fit([7.0 + 1.5 * t for t in tiles], tiles)
+    assert abs(fixed - 7.0) < 1e-9 and abs(per_tile - 1.5) < 1e-9
 
 
 def test_generation_lines_name_where_sequences_part():
