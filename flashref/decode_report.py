@@ -236,37 +236,53 @@ def serving_provenance_lines(data: dict, where: str) -> list[str]:
     return out
 
 
-def paged_decode_lines(data: dict) -> list[str]:
+def _paged_ratios(rows) -> tuple[list[float], list[int]]:
+    """Every paged / cuDNN ratio of decode rows that have both, and the page sizes."""
+    rows = [r for r in rows if "note" not in r and "cudnn_gbps" in r]
+    sizes = sorted(int(k[5:-5]) for k in rows[0] if k.startswith("paged")
+                   and k.endswith("_gbps")) if rows else []  # fmt: skip
+    return [r[f"paged{p}_ratio_to_cudnn"] for r in rows for p in sizes], sizes
+
+
+def _ratio_summary(ratios) -> str:
+    return (f"median {_median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; at "
+            f"1.00 or more (to two places): {sum(round(x, 2) >= 1 for x in ratios)} of "
+            f"{len(ratios)}")  # fmt: skip
+
+
+def paged_decode_lines(data: dict, dtype: str = "float16") -> list[str]:
     """Paged decode replayed (``PagedDecodePlan.run``, pages in a random order) beside cuDNN's
-    contiguous decode, GB/s and ratio at each page size; then the ratios' range."""
-    sizes = sorted(int(k[5:-5]) for k in data["decode"][0] if k.startswith("paged")
-                   and k.endswith("_gbps"))  # fmt: skip
-    out = ["GB/s replayed: cuDNN on a contiguous cache, flashref's plan on pages (x cuDNN)",
+    contiguous decode, GB/s and ratio at each page size, for the rows of ``dtype``; then the
+    ratios' range, and one line of the same for each other dtype recorded."""
+    mine = [r for r in data["decode"] if r["dtype"] == dtype]
+    ratios, sizes = _paged_ratios(mine)
+    out = [f"GB/s replayed, {dtype}: cuDNN on a contiguous cache, flashref's plan on pages "
+           "(x cuDNN)",
            f"{'':5}{'B':>3}{'Hkv':>4}{'Nk':>8}{'cuDNN':>7}"
            + "".join(f"{f'page {p}':>15}" for p in sizes) + f"{'S':>4}"]  # fmt: skip
-    ratios = []
-    for r in data["decode"]:
+    for r in mine:
         head = f"{short_dtype(r['dtype']):5}{r['B']:>3}{r['Hkv']:>4}{r['Nk']:>8,}"
         if "note" in r or "cudnn_gbps" not in r:
             out.append(head + "  " + r.get("note", r.get("cudnn_note") or "no cuDNN row"))
             continue
-        cells = ""
-        for p in sizes:
-            x = r[f"paged{p}_ratio_to_cudnn"]
-            ratios.append(x)
-            cells += f"{r[f'paged{p}_gbps']:>8.0f} ({x:.2f})"
+        cells = "".join(f"{r[f'paged{p}_gbps']:>8.0f} ({r[f'paged{p}_ratio_to_cudnn']:.2f})"
+                        for p in sizes)  # fmt: skip
         out.append(f"{head}{r['cudnn_gbps']:>7.0f}{cells}{r[f'paged{sizes[0]}_splits']:>4}")
-    out.append(f"paged / cuDNN over {len(ratios)} rows: median {_median(ratios):.3f}, min "
-               f"{min(ratios):.3f}, max {max(ratios):.3f};")  # fmt: skip
-    out.append(f"  at 1.00 or more (to two places): {sum(round(x, 2) >= 1 for x in ratios)} of "
-               f"{len(ratios)}")  # fmt: skip
+    out.append(f"paged / cuDNN, {short_dtype(dtype)}, over {len(ratios)} rows:")
+    out.append("  " + _ratio_summary(ratios))
+    for other in sorted({r["dtype"] for r in data["decode"]} - {dtype}):
+        rest, _ = _paged_ratios([r for r in data["decode"] if r["dtype"] == other])
+        if rest:
+            out.append(f"the same shapes in {other}, over {len(rest)} rows:")
+            out.append("  " + _ratio_summary(rest))
     return out
 
 
-def append_lines(data: dict) -> list[str]:
+def append_lines(data: dict, dtype: str = "float16") -> list[str]:
     """The append kernel (one step's new K and V for a batch) beside ``copy_`` of the same
-    bytes, GB/s written, and the share of the measured HBM copy bandwidth."""
-    a = data["append"]
+    bytes, GB/s written, and the share of the measured HBM copy bandwidth, for ``dtype``;
+    then one line per other dtype recorded: its shares of the HBM copy."""
+    a = [r for r in data["append"] if r["dtype"] == dtype]
     r0 = a[0]
     out = [f"append of n new tokens for B = {r0['B']} sequences, Hkv = {r0['Hkv']}, "
            f"d = {r0['d']}, {r0['dtype']}: GB/s written",
@@ -276,6 +292,11 @@ def append_lines(data: dict) -> list[str]:
         out.append(f"{r['n']:>5}{r['bytes_written']:>13,}{r['append_us']:>8.1f}"
                    f"{r['append_gbps']:>8.0f}{r['copy_gbps']:>7.0f}{r['ratio_to_copy']:>7.2f}"
                    f"{r['fraction_of_hbm_copy']:>13.0%}{r['exact']!s:>7}")  # fmt: skip
+    for other in sorted({r["dtype"] for r in data["append"]} - {dtype}):
+        rest = [r for r in data["append"] if r["dtype"] == other]
+        shares = ", ".join(f"n {r['n']}: {r['fraction_of_hbm_copy']:.0%}" for r in rest)
+        exact = all(r["exact"] for r in rest)
+        out.append(f"{other}: of HBM copy {shares}; exact {exact}")
     return out
 
 
@@ -340,12 +361,10 @@ def prefill_lines(data: dict) -> list[str]:
                    f"{r['chunked_one_split_us']:>7.0f}{r['one_forward_us']:>8.0f}"
                    f"{r['cudnn_us']:>6.0f}{r['ratio_to_one_forward']:>6.2f}"
                    f"{r['ratio_to_cudnn']:>8.2f}")  # fmt: skip
-    out.append(
-        f"tiles: work tiles (query block, head) of one chunk, for {sms} SMs; S: key "
-        "splits per query block (the default), S = 1: the same chunks unsplit"
-    )
-    out.append("each chunk's kernel time ~ fixed + per tile x (key tiles of its longest work "
-               "tile), least squares over the chunks:")  # fmt: skip
+    out.append(f"tiles: work tiles (query block, head) of one chunk, for {sms} SMs;")
+    out.append("S: key splits per query block (the default); S = 1: the same chunks unsplit")
+    out.append("each chunk's kernels: fixed + per tile x (key tiles of its longest work tile),")
+    out.append("  least squares over the chunks (the profiler's kernel times):")
     for r in data["prefill"]:
         fixed, per_tile = prefill_fit(r["chunk_kernel_us"]["default"],
                                       r["chunk_longest_tiles"]["default"])  # fmt: skip

@@ -51,16 +51,20 @@ def test_serving_lines_read_the_file(serving):
     gen = "\n".join(dr.generation_lines(serving))
     for r in serving["generation"]:
         assert f"greedy sequences identical: {r['sequences_equal']} of {r['B']}" in gen
+    dtypes = {r["dtype"] for r in serving["decode"]}
     paged = dr.paged_decode_lines(serving)
-    assert len([ln for ln in paged if ln.startswith("fp16")]) == len(serving["decode"])
-    assert len(dr.append_lines(serving)) == 2 + len(serving["append"])
+    fp16 = [r for r in serving["decode"] if r["dtype"] == "float16"]
+    assert len([ln for ln in paged if ln.startswith("fp16")]) == len(fp16)
+    assert len(paged) == 2 + len(fp16) + 2 * len(dtypes)  # a summary of two lines per dtype
+    appended = [r for r in serving["append"] if r["dtype"] == "float16"]
+    assert len(dr.append_lines(serving)) == 2 + len(appended) + len(dtypes) - 1
     prov = dr.serving_provenance_lines(serving, "x")
     assert serving["meta"]["commit"][:7] in prov[0]
     for name, h in serving["meta"]["other_sources"].items():
         assert name in "\n".join(prov) and h in "\n".join(prov)
     rows = dr.prefill_lines(serving)
     n = len(serving["prefill"])
-    assert len(rows) == 4 + 2 * n
+    assert len(rows) == 6 + 2 * n
     for r, line in zip(serving["prefill"], rows[2:], strict=False):
         assert f"{r['chunked_us']:.0f}" in line and f"{r['ratio_to_one_forward']:.2f}" in line
         assert f"{r['chunked_one_split_us']:.0f}" in line
