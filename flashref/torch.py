@@ -104,8 +104,9 @@ class _EagerAttention(torch.autograd.Function):
     operator. ``torch.compile`` traces the operators instead (``attention``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale):
-        plan = forward_plan(q, k, v, is_causal, scale, None, True)  # flash_attention's
+    def forward(ctx, q, k, v, is_causal, scale, plan):
+        if plan is None:  # attention found none kept for this signature
+            plan = forward_plan(q, k, v, is_causal, scale, None, True)  # flash_attention's
         O, lse = plan.run(q, k, v, None)
         ctx.save_for_backward(q, k, v, O, lse)
         ctx.is_causal, ctx.scale = is_causal, scale
@@ -128,7 +129,7 @@ class _EagerAttention(torch.autograd.Function):
             )
         wanted = ctx.needs_input_grad
         return (dq if wanted[0] else None, dk if wanted[1] else None, dv if wanted[2] else None,
-                None, None)  # fmt: skip
+                None, None, None)  # fmt: skip
 
 
 def _check_tensors(q, k, v, is_causal, scale) -> None:
@@ -157,13 +158,15 @@ def _check_tensors(q, k, v, is_causal, scale) -> None:
             raise ValueError(f"{name} is on {x.device} but query is on {q.device}; use one device")
 
 
-_CHECKED = _host.Kept()  # the signatures _check_tensors passed
+_CHECKED = _host.Kept()  # the signatures _check_tensors passed, each with its forward plan
 
 
-def _checked(q, k, v, is_causal, scale) -> None:
+def _checked(q, k, v, is_causal, scale):
     """``_check_tensors``, run once per signature: every property it reads (types, shapes,
     dtypes, devices, which tensors require grad, whether grad mode is on) and the options
-    with their types. A check that raised is not kept: bad input raises every time."""
+    with their types. A check that raised is not kept: bad input raises every time. Returns
+    the forward's plan of the signature (``flash_attention``'s, kept with the check, so that
+    a call looks up one key instead of two), or None where the key cannot be built."""
     try:
         key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
                q.get_device(), k.get_device(), v.get_device(), q.requires_grad, k.requires_grad,
@@ -172,10 +175,12 @@ def _checked(q, k, v, is_causal, scale) -> None:
         hash(key)
     except Exception:
         return _check_tensors(q, k, v, is_causal, scale)  # says what is wrong
-    if not _CHECKED.get(key):
+    plan = _CHECKED.get(key)
+    if plan is None:
         _check_tensors(q, k, v, is_causal, scale)
-        _CHECKED.put(key, True)
-    return None
+        scale = None if scale is None else float(scale)
+        plan = _CHECKED.put(key, forward_plan(q, k, v, bool(is_causal), scale, None, True))
+    return plan
 
 
 def attention_op(query, key, value, is_causal=False, scale=None):
@@ -235,13 +240,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """
     _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     compiling = torch.compiler.is_compiling()
+    plan = None
     if not compiling:  # compiled: the fake function checks, at trace time
-        _checked(query, key, value, is_causal, scale)
+        plan = _checked(query, key, value, is_causal, scale)
     q, k, v = (x.contiguous() for x in (query, key, value))  # a no-op for contiguous tensors
     causal, scale = bool(is_causal), None if scale is None else float(scale)
     if compiling:
         return attention_forward(q, k, v, causal, scale)[0]
-    return _EagerAttention.apply(q, k, v, causal, scale)
+    return _EagerAttention.apply(q, k, v, causal, scale, plan)
 
 
 __all__ = [

@@ -10,7 +10,11 @@ the way the driver reads them:
 * ``Launcher``: one kernel's ``cuLaunchKernel``, its argument kinds fixed when it is made
   (``"p"`` a device address, ``"i"`` int32, ``"f"`` float32, ``"q"`` int64, ``"m"`` a 128-byte
   TMA descriptor), each call packing the values into one buffer with ``struct`` and passing
-  the driver the array of pointers into it (made once).
+  the driver the array of pointers into it (made once). The driver function is called
+  through CuPy's own binding of it (``cupy.cuda.driver.launchKernel``, compiled Cython,
+  which takes the eleven arguments as plain integers and releases the GIL around the call)
+  where CuPy has one, else through ``ctypes``, whose conversion of eleven arguments costs
+  microseconds.
 * ``encode_tensor_map``: ``cuTensorMapEncodeTiled`` of a row-major 2-D 16-bit array with a
   (box_rows, 64) box and the 128-byte swizzle, the descriptor ``flashref.gpu.tma`` makes
   with ``cuda.bindings`` (a GPU test checks the bytes are the same), the enumerations'
@@ -130,19 +134,40 @@ class Launcher:
         self.params = (ctypes.c_void_p * max(len(kinds), 1))(*(base + o for o in offsets))
         self.lock = threading.Lock()
         self.launch = libcuda().cuLaunchKernel
+        self.fast = _cupy_launch()
+        self.func_int, self.params_int = kernel.kernel.ptr, ctypes.addressof(self.params)
 
     def __call__(self, grid, block, shared_mem: int, stream: int, args) -> None:
         gx, gy, gz = grid
         bx, by, bz = block
         with self.lock:
             self.pack(self.buf, 0, *args)
-            rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
-                             self.params, None)  # fmt: skip
+            if self.fast is not None:
+                try:
+                    self.fast(self.func_int, gx, gy, gz, bx, by, bz, shared_mem, stream,
+                              self.params_int, 0)  # fmt: skip
+                    return
+                except Exception as exc:  # CuPy's CUDADriverError: the same code, retried
+                    rc = getattr(exc, "status", None)
+                    if rc is None:
+                        raise
+            else:
+                rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
+                                 self.params, None)  # fmt: skip
             if rc == CUDA_ERROR_INVALID_CONTEXT and make_context_current():
                 rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
                                  self.params, None)  # fmt: skip
         if rc:
             raise RuntimeError(f"cuLaunchKernel failed: {error_string(rc)}")
+
+
+def _cupy_launch():
+    """CuPy's compiled binding of ``cuLaunchKernel``, or None where this CuPy has none."""
+    try:
+        from cupy.cuda import driver
+    except ImportError:
+        return None
+    return getattr(driver, "launchKernel", None)
 
 
 _enums: dict = {}
