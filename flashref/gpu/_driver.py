@@ -181,6 +181,7 @@ def _enum_values() -> dict:
         _enums.update(
             float16=int(d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16),
             bfloat16=int(d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
+            float32=int(d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32),
             interleave=int(d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
             swizzle=int(d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
             promotion=int(d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B),
@@ -190,20 +191,26 @@ def _enum_values() -> dict:
 
 
 def encode_tensor_map(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str,
-                      box_rows: int, box_cols: int = 64) -> bytes:  # fmt: skip
+                      box_rows: int, box_cols: int = 64,
+                      heads: int | None = None) -> bytes:  # fmt: skip
     """The 128 bytes of the TMA descriptor of the (rows, cols) array at ``ptr`` (checked by
-    the caller: ``tma.check_tensor_map_args``), as ``tma.tensor_map`` encodes it."""
+    the caller: ``tma.check_tensor_map_args``), as ``tma.tensor_map`` encodes it. With
+    ``heads``: the 3-D (heads, rows, cols) array of ``heads`` such arrays one after the
+    other, boxes of (1, box_rows, box_cols), so that a box never crosses into the next
+    head's rows (``_launch.dq_tensor_map``)."""
     e = _enum_values()
     out = (ctypes.c_uint64 * 16)()  # CUtensorMap: 128 bytes, 64-byte aligned by the driver's
-    dims = (ctypes.c_uint64 * 2)(cols, rows)  # innermost first
-    strides = (ctypes.c_uint64 * 1)(row_bytes)
-    box = (ctypes.c_uint * 2)(box_cols, box_rows)
-    step = (ctypes.c_uint * 2)(1, 1)
+    rank = 2 if heads is None else 3
+    sizes, boxes = (cols, rows, heads)[:rank], (box_cols, box_rows, 1)[:rank]
+    dims = (ctypes.c_uint64 * rank)(*sizes)  # innermost first
+    strides = (ctypes.c_uint64 * (rank - 1))(*(row_bytes, rows * row_bytes)[: rank - 1])
+    box = (ctypes.c_uint * rank)(*boxes)
+    step = (ctypes.c_uint * rank)(*(1,) * rank)
     aligned = ctypes.addressof(out)
     if aligned % 64:  # the driver wants the map 64-byte aligned: use an aligned copy
         raw = (ctypes.c_char * 192)()
         aligned = (ctypes.addressof(raw) + 63) & ~63
-    args = (aligned, e[dtype], 2, ptr, dims, strides, box, step,
+    args = (aligned, e[dtype], rank, ptr, dims, strides, box, step,
             e["interleave"], e["swizzle"], e["promotion"], e["fill"])  # fmt: skip
     rc = libcuda().cuTensorMapEncodeTiled(*args)
     if rc == CUDA_ERROR_INVALID_CONTEXT and make_context_current():

@@ -99,6 +99,22 @@ def tensor_map_ptr(ptr: int, rows: int, cols: int, dtype: str, box_rows: int, de
     return m
 
 
+def dq_tensor_map(ptr: int, heads: int, rows: int, cols: int, device: int) -> bytes:
+    """The 128 bytes of the TMA descriptor a backward version with ``dq_tensor_map`` adds its
+    staged dQ tiles through: the float32 dQacc at ``ptr`` seen as (heads, rows, cols), boxes
+    of one head's 64 rows x 32 columns (128 bytes, the 128-byte swizzle), so that rows past
+    ``rows`` fall outside it. Cached as ``tensor_map_ptr``'s maps are."""
+    key = ("dq", ptr, heads, rows, cols, device)
+    m = _MAPS.get(key)
+    if m is None:
+        if ptr % 16 or cols % 32:
+            raise ValueError(f"dQacc at {ptr:#x} with {cols} columns: 16-byte aligned, d % 32")
+        from ._driver import encode_tensor_map
+
+        m = _MAPS.put(key, encode_tensor_map(ptr, rows, cols, cols * 4, "float32", 64, 32, heads))
+    return m
+
+
 def _tma_args(ver, q3, k3, v3, d: int) -> tuple:
     """(qmap, kmap, vmap) over (B*H*N, d) views: Q boxes of 64 rows, K and V of Bc rows."""
     return (tensor_map_of(q3.reshape(-1, d), 64),

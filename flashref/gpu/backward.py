@@ -180,6 +180,12 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
                  shared_mem=ver.dq_smem_bytes(d))  # fmt: skip
         else:  # dK, dV, and dQ / scale added into dQacc
             maps = _tma_maps(ver, q3[b], k3[b], v3[b], do3[b], d) if ver.tma else ()
+            if ver.dq_tensor_map:  # dQacc's map over this chunk of heads
+                from ._launch import dq_tensor_map
+                from .tma import MAP_DTYPE
+
+                m = dq_tensor_map(dQacc[b].data.ptr, nb, Nq, d, cp.cuda.runtime.getDevice())
+                maps += (np.frombuffer(m, dtype=MAP_DTYPE)[0],)
             main((Tc, nb), (ver.threads,), (*common, dQacc[b], dk3[b], dv3[b], *ints, *maps),
                  shared_mem=ver.smem_bytes(d))  # fmt: skip
     if dQacc is not None:  # dQ = scale * dQacc in q's dtype
@@ -314,9 +320,10 @@ class _BwdPlan:
             self.last_launch = ((blocks, 1, 1), (CONVERT_THREADS, 1, 1), 0)
             self.convert_args = (np.int64(pairs), np.float32(scale))
         if ver.tma:
-            from ._launch import tensor_map_ptr
+            from ._launch import dq_tensor_map, tensor_map_ptr
 
             self.map_of = tensor_map_ptr  # the cached TMA descriptors (bytes)
+            self.dq_map_of = dq_tensor_map
             self.map_rows = ((BH * Nq, ver.Br), (BH * Nk, ver.Bc))  # q and do, k and v
 
     def run(self, arrays):
@@ -350,6 +357,8 @@ class _BwdPlan:
                 maps = (map_of(qp, rq, d, dt, bq, dev), map_of(kp, rk, d, dt, bk, dev),
                         map_of(vp, rk, d, dt, bk, dev),
                         map_of(dop, rq, d, dt, bq, dev))  # fmt: skip
+                if ver.dq_tensor_map:
+                    maps += (self.dq_map_of(ap, self.BH, self.Nq, d, dev),)
             main_args = (*common, ap, b.ptr(dk), b.ptr(dv), *self.ints, *maps)
             last_args = (ap, b.ptr(dq), *self.convert_args)
         with _host.device_scope(cp, b.device):

@@ -68,6 +68,11 @@ class BwdVersion(KernelVersion):
     # True: each consumer warpgroup computes its share of dQ_i's columns (d / 2: m64n32k16 at
     # d = 64) over all Bc keys on every tile, instead of one consumer the whole of it in turn
     dq_columns_split: bool = False
+    # True: the staging buffer is d / 32 boxes of Br rows x 32 floats in the 128-byte swizzle,
+    # and the writer adds each box to dQacc with a tensor-map reduce-add
+    # (cp.reduce.async.bulk.tensor); the kernel takes dQacc's map (_launch.dq_tensor_map)
+    # after the other four
+    dq_tensor_map: bool = False
 
     kind = "backward "  # how errors name it: "backward version 8 (wgmma)"
     folder = "backward"
@@ -189,6 +194,13 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "bwd15_dq_two_buffers.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
                    min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
                    dq_stage_pad=0, dq_stage_buffers=2, dq_columns_split=True),
+        BwdVersion(16, "dq_tensor_reduce",
+                   "bwd14 with dQ_i staged in the 128-byte swizzle (no bank conflicts in the "
+                   "consumers' stores) and sent by a tensor-map reduce-add per 32 columns",
+                   "bwd16_dq_tensor_reduce.cu", Bc=128, Br=64, threads=384,
+                   deterministic_dq=False, min_cc=(9, 0), arch="sm_90a", tma=True,
+                   dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_columns_split=True,
+                   dq_tensor_map=True),
     )
 }  # fmt: skip
 

@@ -108,6 +108,14 @@ def test_backward_registry_is_complete():
             assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
             row = re.search(r"constexpr u32 DQ_ROW = (\d+) \* 4 \+ (\d+);", text)
             assert row and int(row[1]) * 4 + int(row[2]) == DQ_ROW_BYTES  # as smem_bytes counts
+        elif ver.dq_tensor_map:  # a producer warp adds swizzled boxes through dQacc's map
+            assert "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group" in text
+            code = "\n".join(ver.code_lines())  # after the header comment
+            assert "cp.reduce.async.bulk.global" not in code  # no plain bulk copy left
+            assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
+            assert "TensorMap dqmap)" in text and "dq_stage_addr(" in text
+            assert ver.dq_writer and ver.dq_stage_pad == 0 and ver.dq_stage_buffers == 1
+            assert "constexpr u32 DQ_BOX = Br * 128;" in text  # d / 32 boxes: 4 d bytes a row
         elif ver.dq_writer:  # a producer warp adds the staged rows: 4 d + 32 bytes apart
             assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
             assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
