@@ -212,15 +212,15 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 # tables against the file.
 BWD_PREFERENCE = {
     ("float16", 64, False): 2, ("float16", 64, True): 2,
-    ("float16", 128, False): 6, ("float16", 128, True): 5,
+    ("float16", 128, False): 6, ("float16", 128, True): 4,
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
     ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 4,
 }  # fmt: skip
 BWD_HOPPER_PREFERENCE = {
-    ("float16", 64, False): 11, ("float16", 64, True): 11,
-    ("float16", 128, False): 14, ("float16", 128, True): 15,
-    ("bfloat16", 64, False): 11, ("bfloat16", 64, True): 15,
-    ("bfloat16", 128, False): 14, ("bfloat16", 128, True): 14,
+    ("float16", 64, False): 16, ("float16", 64, True): 16,
+    ("float16", 128, False): 16, ("float16", 128, True): 16,
+    ("bfloat16", 64, False): 16, ("bfloat16", 64, True): 14,
+    ("bfloat16", 128, False): 16, ("bfloat16", 128, True): 16,
 }  # fmt: skip
 
 
