@@ -59,39 +59,12 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("ps", [64, 128])
-@pytest.mark.parametrize("Nq", [1, 70, 129, 300])
-def test_against_the_float64_reference(cp, sm90, dtype, d, ps, Nq):
+def _check_reference(cp, dtype, d, ps, Nq, lengths, seed, splits=None):
+    """paged_prefill_attention on a cache of ``lengths`` against float64, both masks, host
+    and device tables (``splits`` as given)."""
     from flashref.gpu.prefill import paged_prefill_attention
 
-    lengths = [Nq + 5, Nq, Nq + 400]
-    cache, seqs, rng = _case(dtype, ps, 2, d, lengths, seed=Nq * 7 + d + ps)
-    q = _rounded(rng, (3, 4, Nq, d), dtype)
-    kp, vp = (cp.asarray(x.astype(dtype)) for x in (cache.k_pages, cache.v_pages))
-    table, L = cache.block_table(seqs)
-    for causal in ("bottom_right", False):
-        ref, ref_lse = flashref.paged_attention(q, cache, seqs, causal=causal, return_lse=True)
-        for tables in ((table, L), (cp.asarray(table, dtype=cp.int32), cp.asarray(L, cp.int32))):
-            O, lse = paged_prefill_attention(cp.asarray(q.astype(dtype)), kp, vp, *tables,
-                                             causal=causal, return_lse=True)  # fmt: skip
-            O = cp.asnumpy(O).astype(np.float64)
-            assert not np.isnan(O).any()
-            err = _rel(O, ref)
-            assert err <= CEILING[dtype], f"{causal=} {type(tables[0]).__module__}: {err}"
-            np.testing.assert_allclose(cp.asnumpy(lse), ref_lse, atol=2e-2, rtol=0)
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("splits", [2, 3, 16])
-def test_split_keys_against_the_float64_reference(cp, sm90, dtype, d, splits):
-    from flashref.gpu.prefill import paged_prefill_attention
-
-    Nq = 200  # two query blocks; sequences of 2, 5 and 13 key tiles (or fewer, causal)
-    lengths = [Nq + 5, Nq + 400, Nq + 1400]
-    cache, seqs, rng = _case(dtype, 64, 2, d, lengths, seed=splits * 11 + d)
+    cache, seqs, rng = _case(dtype, ps, 2, d, lengths, seed=seed)
     q = _rounded(rng, (3, 4, Nq, d), dtype)
     kp, vp = (cp.asarray(x.astype(dtype)) for x in (cache.k_pages, cache.v_pages))
     table, L = cache.block_table(seqs)
@@ -106,6 +79,23 @@ def test_split_keys_against_the_float64_reference(cp, sm90, dtype, d, splits):
             err = _rel(O, ref)
             assert err <= CEILING[dtype], f"{causal=} {type(tables[0]).__module__}: {err}"
             np.testing.assert_allclose(cp.asnumpy(lse), ref_lse, atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("ps", [64, 128])
+@pytest.mark.parametrize("Nq", [1, 70, 129, 300])
+def test_against_the_float64_reference(cp, sm90, dtype, d, ps, Nq):
+    _check_reference(cp, dtype, d, ps, Nq, [Nq + 5, Nq, Nq + 400], seed=Nq * 7 + d + ps)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("splits", [2, 3, 16])
+def test_split_keys_against_the_float64_reference(cp, sm90, dtype, d, splits):
+    Nq = 200  # two query blocks; sequences of 2, 5 and 13 key tiles (or fewer, causal)
+    _check_reference(cp, dtype, d, 64, Nq, [Nq + 5, Nq + 400, Nq + 1400],
+                     seed=splits * 11 + d, splits=splits)  # fmt: skip
 
 
 def test_default_splits_a_short_chunk(torch, sm90):
