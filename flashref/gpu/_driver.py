@@ -1,4 +1,4 @@
-"""The two driver calls on the hot path of every launch, made through ``ctypes``.
+"""The two driver calls on the hot path of every launch, with their arguments packed by hand.
 
 A call that has been checked and planned once (``flashref.gpu._host``) still launches a
 kernel and, for the Hopper versions, encodes a TMA descriptor for each input's address.
@@ -18,7 +18,8 @@ the way the driver reads them:
 * ``encode_tensor_map``: ``cuTensorMapEncodeTiled`` of a row-major 2-D 16-bit array with a
   (box_rows, 64) box and the 128-byte swizzle, the descriptor ``flashref.gpu.tma`` makes
   with ``cuda.bindings`` (a GPU test checks the bytes are the same), the enumerations'
-  values read from ``cuda.bindings`` once.
+  values read from ``cuda.bindings`` once; with ``heads``, the 3-D float32 map through which
+  backward version 16 adds its staged dQ tiles (``flashref.gpu._launch.dq_tensor_map``).
 
 The kernels themselves are still compiled and loaded by CuPy (``RawModule``); a launcher
 takes the loaded function's handle (``RawKernel.kernel.ptr``). Nothing here is imported

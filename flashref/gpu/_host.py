@@ -17,8 +17,9 @@ Every GPU entry point takes CuPy arrays or torch CUDA tensors. What it does with
   and streams on every call, which costs tens of microseconds a tensor.
 * **Streams as addresses.** A kernel is launched on the stream's handle (``stream_ptr``).
 * **Launches through the driver.** A planned call launches with ``launcher``: the kernel's
-  ``cuLaunchKernel`` through ``ctypes`` (``flashref.gpu._driver.Launcher``), its argument kinds
-  read from the first call's values, instead of ``RawKernel.__call__``'s conversions.
+  ``cuLaunchKernel`` with its arguments packed in one buffer (``flashref.gpu._driver.Launcher``:
+  CuPy's compiled binding of the driver function, or ``ctypes``), their kinds read from the
+  first call's values, instead of ``RawKernel.__call__``'s conversions.
 
 Nothing here reads GPU memory on the host: no call synchronises.
 """
