@@ -219,7 +219,7 @@ BWD_PREFERENCE = {
 BWD_HOPPER_PREFERENCE = {
     ("float16", 64, False): 16, ("float16", 64, True): 16,
     ("float16", 128, False): 16, ("float16", 128, True): 16,
-    ("bfloat16", 64, False): 16, ("bfloat16", 64, True): 14,
+    ("bfloat16", 64, False): 16, ("bfloat16", 64, True): 16,
     ("bfloat16", 128, False): 16, ("bfloat16", 128, True): 16,
 }  # fmt: skip
 
