@@ -114,6 +114,8 @@ def _impls(ctx, d, causal, dtype, x):
     for ver in BWD_VERSIONS.values():
         if ctx["versions"] and ver.number not in ctx["versions"]:
             continue
+        if d not in ver.head_dims:  # a version built for one head dim (bwd17: d = 64)
+            continue
         if not ver.runs_on(_device_cc(cp)):  # an sm_90a version elsewhere than on 9.0
             print(f"  bwd{ver.number}: skipped, needs compute capability "
                   f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip

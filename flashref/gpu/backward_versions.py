@@ -201,6 +201,12 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    deterministic_dq=False, min_cc=(9, 0), arch="sm_90a", tma=True,
                    dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_columns_split=True,
                    dq_tensor_map=True),
+        BwdVersion(17, "br128",
+                   "bwd16 with query tiles of 128 rows at d = 64: S^T and dP^T m64n128, dQ_i "
+                   "split by rows (m64n64 each), half the tiles and barriers per key block",
+                   "bwd17_br128.cu", Bc=128, Br=128, threads=384, deterministic_dq=False,
+                   head_dims=(64,), min_cc=(9, 0), arch="sm_90a", tma=True,
+                   dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_tensor_map=True),
     )
 }  # fmt: skip
 

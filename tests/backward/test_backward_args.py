@@ -115,7 +115,11 @@ def test_backward_registry_is_complete():
             assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
             assert "TensorMap dqmap)" in text and "dq_stage_addr(" in text
             assert ver.dq_writer and ver.dq_stage_pad == 0 and ver.dq_stage_buffers == 1
-            assert "constexpr u32 DQ_BOX = Br * 128;" in text  # d / 32 boxes: 4 d bytes a row
+            # d / 32 boxes of 64 rows (4 d bytes a row), once per 64 rows of a taller tile
+            box = re.search(r"constexpr u32 DQ_BOX = (Br|DQR) \* 128;", text)
+            assert box and (box[1] == "Br") == (ver.Br == 64), ver.number
+            if ver.Br > 64:
+                assert "#define DQR 64 " in text and "DQ_HALF = (D / 32) * DQ_BOX" in text
         elif ver.dq_writer:  # a producer warp adds the staged rows: 4 d + 32 bytes apart
             assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
             assert not re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
@@ -128,7 +132,8 @@ def test_backward_registry_is_complete():
             assert re.search(r"dQs(_buf)? = dSs_buf \+ NWG \* 2 \* DS_BYTES;", text)  # after dS^T
         else:
             assert re.search(r"atomicAdd\(|red_add_v[24]\(", text) and ver.dq_kernel is None
-        assert ver.smem_bytes(128) <= 227 * 1024  # the H100/H200 per-block opt-in limit
+        for d in ver.head_dims:  # the H100/H200 per-block opt-in limit
+            assert ver.smem_bytes(d) <= 227 * 1024, (ver.number, d)
         assert '#include "' not in ver.source()  # headers pasted in, as NVRTC is given it
         defines = dict(re.findall(r"^#define (NWARPS|NWG|Br|Bc) (.+?)\s+//", text, re.MULTILINE))
         if ver.arch:  # warpgroups: a producer and NWG consumers of 64 keys each
@@ -253,11 +258,13 @@ def test_wgmma_backward_argument_errors_come_before_the_gpu(no_cupy):
         fg.flash_attention_backward(*_args(dtype="float32"), version=8)
 
 
-def test_backward_profile_plan_is_every_version_at_both_head_dims():
+def test_backward_profile_plan_is_every_version_at_its_head_dims():
     from flashref.bench.profile import main as profile
 
     plan = profile.backward_plan()
-    want = [(f"bwd{n}", d) for d in (64, 128) for n in fg.BWD_VERSIONS]
+    want = [(f"bwd{n}", d) for d in (64, 128) for n, v in fg.BWD_VERSIONS.items()
+            if d in v.head_dims]  # fmt: skip
+    assert ("bwd17", 64) in want and ("bwd17", 128) not in want  # built for d = 64 only
     assert [(c["impl"], c["d"]) for c in plan] == want
     assert all(c["dtype"] == "float16" and not c["causal"] for c in plan)
     assert all((c["B"], c["H"], c["N"]) == (8, 16, 4096) for c in plan)
@@ -348,7 +355,7 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
     assert calls == [ncu.NCU_METRICS, ncu.NCU_METRICS]  # a failed query: none extra
     doc = json.loads(out.read_text())
     assert doc["meta"]["metrics_missing"] == list(profile.BWD_METRICS)
-    assert len(doc["rows"]) == 2 * len(fg.BWD_VERSIONS)
+    assert len(doc["rows"]) == sum(len(v.head_dims) for v in fg.BWD_VERSIONS.values())
 
 
 def test_default_backward_versions_follow_the_rule_on_the_recorded_run():
