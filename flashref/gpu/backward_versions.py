@@ -223,9 +223,9 @@ BWD_PREFERENCE = {
     ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 4,
 }  # fmt: skip
 BWD_HOPPER_PREFERENCE = {
-    ("float16", 64, False): 16, ("float16", 64, True): 16,
+    ("float16", 64, False): 17, ("float16", 64, True): 17,
     ("float16", 128, False): 16, ("float16", 128, True): 16,
-    ("bfloat16", 64, False): 16, ("bfloat16", 64, True): 16,
+    ("bfloat16", 64, False): 17, ("bfloat16", 64, True): 17,
     ("bfloat16", 128, False): 16, ("bfloat16", 128, True): 16,
 }  # fmt: skip
 

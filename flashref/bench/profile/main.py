@@ -217,8 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(env_note)
     if args.source is not None:  # with --backward: backward version N's main kernel
         impl = f"bwd{args.source}" if args.backward else f"v{args.source}"
+        from ...gpu import BWD_VERSIONS, VERSIONS
+
+        family = BWD_VERSIONS if args.backward else VERSIONS
+        if args.source not in family:
+            parser.error(f"--source must be among {sorted(family)}, got {args.source}")
+        dims = [d for d in (128, 64) if d in family[args.source].head_dims]  # those it takes
         plan = [{"impl": impl, "d": d, "causal": False, "dtype": "float16",
-                 **PROFILE_SHAPE} for d in (128, 64)]  # fmt: skip
+                 **PROFILE_SHAPE} for d in dims]  # fmt: skip
         from .source import SOURCE_SECTIONS, source_profile
 
         kernel = f"regex:^flash_bwd{args.source}$" if args.backward else "regex:^flash_v"
