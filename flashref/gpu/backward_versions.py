@@ -218,7 +218,7 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 # tables against the file.
 BWD_PREFERENCE = {
     ("float16", 64, False): 2, ("float16", 64, True): 2,
-    ("float16", 128, False): 6, ("float16", 128, True): 4,
+    ("float16", 128, False): 6, ("float16", 128, True): 6,
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
     ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 4,
 }  # fmt: skip
