@@ -400,15 +400,25 @@ def step_verdict(bench: Bench, old: int, new: int, d: int, causal: bool,
 # ---- tables -----------------------------------------------------------------------------
 
 
+def _share_head_dim(bench: Bench, old: int, new: int, d: int) -> bool:
+    """Whether versions old and new both have a row at head dim d (any dtype, mask, N)."""
+    return any(bench.version(old, dt, d, c, N) is not None
+               and bench.version(new, dt, d, c, N) is not None
+               for dt in bench.dtypes for c in (False, True) for N in bench.Ns)  # fmt: skip
+
+
 def step_lines(bench: Bench, old: int, new: int, at: int = 4096, run_dtype: str = "float16",
                control: float | None = None) -> list[str]:  # fmt: skip
     """A step in three lines: for each head dim and mask, new/old TFLOP/s at one N and run
     dtype, and the verdict over the whole file (:func:`step_verdict`) with the number of
-    shapes at which the new version's rounds were faster and slower."""
+    shapes at which the new version's rounds were faster and slower. A head dim at which
+    one of the two has no row (a version built for d = 64 only) is left out."""
     control = control_share(bench) if control is None else control
     head = f"v{old} -> v{new}, TFLOP/s new/old at N = {at} ({run_dtype})"
     lines = [head + "; verdict (shapes faster, slower of n):"]
     for d in sorted({d for d, _ in SHAPES}):
+        if not _share_head_dim(bench, old, new, d):  # a version built for other head dims
+            continue
         cells = []
         for causal in (False, True):
             a = bench.version(old, run_dtype, d, causal, at)
