@@ -164,6 +164,18 @@ def test_step_lines_print_speed_at_one_length_and_the_verdict():
                                 "causal", "0.50x", "loss", "(0,", "4", "of", "4)"]  # fmt: skip
 
 
+def test_a_version_of_one_head_dim_steps_only_there():
+    # v15 built for d = 64 alone (as backward version 17): no d = 128 line, no error
+    only64 = {(impl, d, c): r for (impl, d, c), r in _all_shapes("v15", [0.5, 0.6]).items()
+              if d == 64}  # fmt: skip
+    bench = _bench(_control_identical() | only64)
+    lines = rp.step_lines(bench, 14, 15, at=4096)
+    assert len(lines) == 2 and lines[1].split()[:3] == ["d", "=", "64"]
+    verdicts = rp.speed_lines(bench, 14, 15)
+    assert not [ln for ln in verdicts if "128" in ln]
+    assert sum("gain" in ln for ln in verdicts) == 2  # d = 64, with and without the mask
+
+
 def test_control_lines_report_the_pair():
     lines = rp.control_lines(_bench(_control_identical()))
     assert "overlapping at 4 of 4 shapes" in lines[1]
