@@ -441,6 +441,13 @@ def test_profile_source_samples_the_version_it_names(monkeypatch, tmp_path, back
     assert [c["d"] for c in seen["plan"]] == [128, 64]
     assert seen["kernel"] == kernel
     assert [r["impl"] for r in json.loads(out.read_text())["rows"]] == [impl, impl]
+    if backward:  # a version built for d = 64 alone is sampled there alone
+        assert profile.main(["--source", "17", "--source-out", str(out), "--backward"]) == 0
+        assert [(c["impl"], c["d"]) for c in seen["plan"]] == [("bwd17", 64)]
+    seen.clear()
+    with pytest.raises(SystemExit):  # an unknown version: the parser's error, nothing run
+        profile.main(["--source", "99", "--source-out", str(out), *argv[4:]])
+    assert not seen
 
 
 def test_a_profile_records_the_hashes_of_the_family_it_measured_only():

@@ -203,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.backward + args.decode + args.hopper > 1:
         parser.error("--backward, --decode and --hopper each profile on their own: give one")
+    if args.source is not None:  # a version of its family, at the head dims it takes
+        from ...gpu import BWD_VERSIONS, VERSIONS
+
+        family = BWD_VERSIONS if args.backward else VERSIONS
+        if args.source not in family:
+            parser.error(f"--source must be among {sorted(family)}, got {args.source}")
+        dims = [d for d in (128, 64) if d in family[args.source].head_dims]
     if args.out is None:
         part = next((f"_{k}" for k in ("backward", "decode", "hopper") if getattr(args, k)), "")
         args.out = Path(f"results/gpu{part}_profile.json")
@@ -217,12 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(env_note)
     if args.source is not None:  # with --backward: backward version N's main kernel
         impl = f"bwd{args.source}" if args.backward else f"v{args.source}"
-        from ...gpu import BWD_VERSIONS, VERSIONS
-
-        family = BWD_VERSIONS if args.backward else VERSIONS
-        if args.source not in family:
-            parser.error(f"--source must be among {sorted(family)}, got {args.source}")
-        dims = [d for d in (128, 64) if d in family[args.source].head_dims]  # those it takes
         plan = [{"impl": impl, "d": d, "causal": False, "dtype": "float16",
                  **PROFILE_SHAPE} for d in dims]  # fmt: skip
         from .source import SOURCE_SECTIONS, source_profile
