@@ -207,6 +207,19 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
                    "bwd17_br128.cu", Bc=128, Br=128, threads=384, deterministic_dq=False,
                    head_dims=(64,), min_cc=(9, 0), arch="sm_90a", tma=True,
                    dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_tensor_map=True),
+        BwdVersion(18, "dq_store_order",
+                   "bwd16 with the consumers' dQ_i stores reordered (lanes t = 2, 3 store column "
+                   "group n ^ 2) so that the swizzle serves each in two wavefronts, not four",
+                   "bwd18_dq_store_order.cu", Bc=128, Br=64, threads=384,
+                   deterministic_dq=False, min_cc=(9, 0), arch="sm_90a", tma=True,
+                   dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_columns_split=True,
+                   dq_tensor_map=True),
+        BwdVersion(19, "br128_store_order",
+                   "bwd17 with version 18's order of the dQ_i stores (d = 64)",
+                   "bwd19_br128_store_order.cu", Bc=128, Br=128, threads=384,
+                   deterministic_dq=False, head_dims=(64,), min_cc=(9, 0), arch="sm_90a",
+                   tma=True, dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0,
+                   dq_tensor_map=True),
     )
 }  # fmt: skip
 

@@ -1,0 +1,456 @@
+// backward version 19: version 17 with version 18's order of the consumers' dQ_i stores
+// (sm_90a, d = 64 only).
+//
+// What changes from version 17: the consumers' st.shared.v2 of dQ_i write 8 bytes a lane, and
+// shared memory serves such a store a half-warp (128 bytes) per wavefront. In a half-warp,
+// lanes 4 g + t (g = 0..3, t = 0..3) write staged row g (mod 8), columns 8 n + 2 t and + 1:
+// lanes t = 0, 1 the 16-byte chunk 2 n of the row's 128 bytes, lanes t = 2, 3 chunk 2 n + 1,
+// each stored at chunk ^ g (the swizzle). Over the four rows that is four different chunks,
+// each written by two rows: two wavefronts per half-warp, four per store, twice the fewest.
+// Here lanes t = 2, 3 store column group n ^ 2 in the instruction where lanes t = 0, 1 store
+// group n (every lane still stores each of its groups once; a select picks the registers):
+// their chunks move by four, into the other 64 bytes of the row, so a half-warp's eight
+// chunks are all different: one wavefront per half-warp, two per store.
+// The same change as version 18 makes to version 16; nothing else changes.
+//
+// Version 17's design, unchanged otherwise:
+//
+// What changes from version 16: there a tile is 64 queries, so at d = 64 each tile's products
+// are small (S^T and dP^T m64n64 over k = 64, dQ m64n32) and the fixed cost of a tile (two
+// full/empty waits, the dS^T and dQ barriers, the lse and D loads, the fences) is paid 64 rows
+// at a time: results/gpu_stall_sampling_bwd16.json finds branch (barrier-spin), long-scoreboard
+// and barrier samples above the wgmma ones at d = 64, and the tensor pipe is active 41% of the
+// time there against 58% at d = 128 (results/gpu_backward_profile.json).
+// FlashAttention-3's backward takes 128 query rows per tile at d = 64; here:
+//   * Br = 128: Q_i and dO_i are one 128-row box each (the host's maps take Br rows), lse_i
+//     and D_i 128 floats; S^T and dP^T are m64n128 (64 keys x 128 queries, 64 floats a thread
+//     each), and dV += P^T dO_i, dK += dS^T Q_i run over k = 128 queries (8 k-steps);
+//   * dS^T (64 keys x 128 queries) is two 64-query boxes per consumer (DS_BOX bytes apart),
+//     each in the 128-byte swizzle;
+//   * dQ_i (128 x 64) is split by rows instead of columns: consumer cw computes queries
+//     64 cw .. 64 cw + 63, all 64 columns (m64n64k16 over the block's 128 keys, A = box cw of
+//     both consumers' dS^T), so the dQ product is as wide as the others;
+//   * the staging buffer is two row halves of D / 32 boxes (64 rows x 32 floats, swizzled as
+//     in version 16); the writer warp sends four boxes per tile through the same map.
+// Registers: S^T and dP^T (128 floats) with dK_w and dV_w (64) are live together while dS^T is
+// computed; at d = 128 that would be 256 and more than a consumer's 240, so this version takes
+// d = 64 only. Shared memory: 193 KiB, one block per SM as before.
+//
+// Version 16's design, unchanged otherwise: the staging buffer in the 128-byte swizzle, sent by
+// cp.reduce.async.bulk.tensor.3d ... .add through a 3-D float32 map of dQacc (D, Nq, B*H) with
+// 32 x 64 x 1 boxes (rows past Nq are outside the map and dropped); the writer warp, barriers
+// and waits are version 14's (bwd14_dq_two_copies.cu, bwd16_dq_tensor_reduce.cu).
+//
+// Version 13's order, unchanged otherwise (bwd13_dq_split.cu; it split dQ_i by columns):
+//   * both consumers bar.sync on one named barrier of 256 threads once both have stored dS^T;
+//     dV_w += P^T dO_i, which needs only the consumer's own registers, is issued before it;
+//   * after the barrier dQ's product and then dK_w += dS^T Q_i are issued, each its own commit
+//     group; wgmma_wait<1> waits for dV and dQ only, so the consumer stages its half of dQ_i
+//     while the tensor cores compute dK (FlashAttention-3's order);
+//   * the writer warp waits for both halves (DQ_FULL and DQ_EMPTY count 256 + 32 threads).
+// Version 12's staging buffer, writer warp and one addition per element per 128 keys are
+// unchanged; so is version 11's cost: no consumer skips a causal tile whose keys all follow
+// its queries (it computes the tile with P^T = 0 and stores dS^T = 0, which the other reads).
+// A dS^T buffer a consumer writes at tile it + 2 was last read at tile it by the other, which
+// waited for that product (wgmma_wait<1>) before the barrier of tile it + 1.
+//
+// Version 12's dQ writer (see bwd12_dq_writer.cu): warp 2 of the producer warpgroup waits on
+// DQ_FULL, sends the staged tile with cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32,
+// waits until the copies have read the buffer (cp.async.bulk.wait_group.read 0) and arrives on
+// DQ_EMPTY, where the next tile's consumers wait before their first store (not after the last
+// tile, so no barrier phase is left open). The sending warp fits the producer's 24 registers.
+//
+// Version 8's design, unchanged otherwise:
+//
+// What changes from version 7:
+//   * the five products are wgmma instructions of one warpgroup (4 warps, 64 rows of the
+//     result) instead of mma.sync of one warp (16 rows): a block is a producer warpgroup and
+//     NWG = 2 consumer warpgroups, each owning 64 of the block's Bc = 128 keys (version 3's
+//     tile, so each query tile copied serves 128 keys);
+//   * the copies are the copy engine's (TMA, 128-byte swizzle, 64-column boxes): K_j and V_j
+//     once, then Q_i and dO_i per query tile into a ring of STAGES = 2 stages guarded by
+//     full/empty mbarriers (version 21's ring), issued by one producer thread while the
+//     consumers compute; setmaxnreg moves the producer's registers to the consumers, whose dK
+//     and dV accumulators (64 x D each) live in registers for the whole block;
+//   * lse_i and D_i are plain loads by a second producer warp into shared memory, counted on
+//     the same full barrier: a row of lse holds Nq floats, so for a ragged Nq neither a TMA
+//     box (16-byte strides) nor a bulk copy (16-byte aligned source) can fetch it, and the
+//     warp stores +inf for a query past Nq or one that saw no key (P = 0, as version 1);
+//   * dS^T goes to shared memory in the 128-byte swizzle (two buffers per consumer, so the
+//     next tile's store never meets this tile's dQ product still reading it), and dQ_i is a
+//     wgmma with A = dS read through a transposed (MN-major) descriptor: no ldmatrix.trans.
+//     Each consumer adds its own 64 keys' share of dQ_i with red.global.add.v4 (version 5's
+//     exchange between lane pairs), so no barrier joins the two consumers: dQ gets one atomic
+//     per element per 64 keys, version 7's count;
+//   * registers: a consumer holds dK_w and dV_w (64 x D each) for the whole block, S^T and
+//     dP^T (64 x Br each) per tile; dQ_i's product runs one 64-column box of K_w at a time
+//     (twice at d = 128), so its accumulator is 64 x 64 beside them.
+//
+// Layouts of the products, per consumer warpgroup (keys kw0 .. kw0 + 63 of the block):
+//   S^T  (64 keys x Br queries) = K_w Q_i^T    SS: A = K_w K-major (rows of K along d),
+//                                               B = Q_i K-major: version 21's S = Q K^T
+//   dP^T (64 x Br)              = V_w dO_i^T   SS: the same with V_w and dO_i
+//   dV_w (64 x D) += P^T dO_i                  RS: P^T packed from S^T's accumulator (version
+//                                               21's P), B = dO_i MN-major (as V there)
+//   dK_w (64 x D) += dS^T Q_i                  RS: dS^T packed likewise, B = Q_i MN-major
+//   dQ_i (Br x D) += dS K_w                    SS: A = dS, MN-major from dS^T[key][query] in
+//                                               shared memory; B = K_w MN-major (K[key][d])
+// The accumulators have the mma.sync C layout per 8 columns (hopper_common.cuh), so the
+// element (key, query) a thread holds, the masks, and the dQ exchange are version 7's.
+// Causal: query tiles wholly before key tile j are never loaded; a consumer whose 64 keys all
+// follow the tile's last query waits for the tile and releases it without computing. Ragged N:
+// a box that runs past a head's last row reads the next head's rows (zeros past the tensor);
+// their P is 0 (lse = +inf for such queries, the key mask for such keys), and no dQ, dK or dV
+// row past Nq or Nk is written.
+//
+// Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d> (and -DFLASHREF_BF16 for
+// bfloat16 inputs); the caller passes the tensor maps of Q, dO (box Br x 64) and K, V (box
+// Bc x 64) over (B*H*N, D) views (flashref.gpu.models.hopper.tensor_map), then dQacc's
+// (flashref.gpu._launch.dq_tensor_map). The speed is in results/.
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#if HEAD_DIM != 64
+#error "backward version 17 is built for d = 64 only (its registers; see the header)"
+#endif
+#define D HEAD_DIM
+#define NWG 2                    // consumer warpgroups per block
+#define Bc (NWG * 64)            // 128 keys per block, 64 per consumer warpgroup
+#define Br 128                   // queries per inner tile
+#define STAGES 2                 // query tiles (Q_i, dO_i, lse_i, D_i) in the ring
+#define NCONSUMERS (NWG * 128)   // threads that arrive on an "empty" barrier
+#define NTHREADS ((NWG + 1) * 128)  // + the producer warpgroup
+#define PRODUCER_REGS 24         // setmaxnreg budgets: 128 (24 + 2 x 240) = 384 x 168
+#define CONSUMER_REGS 240
+#define NBOX (D / 64)            // 64-column boxes per row of a tile
+#define FULL_ARRIVALS 33         // the TMA thread's expect_tx + the 32 lanes that load lse, D
+#define DQ_FULL 3                // named barriers: dQ_i staged (the consumer arrives, the
+#define DQ_EMPTY 4               // writer warp syncs), staging free (the other way round)
+#define DQ_BAR_THREADS (NCONSUMERS + 32)  // both consumer warpgroups and the writer warp
+#define DS_BAR 1                 // named barrier: both consumers have stored dS^T
+#define DQR 64                   // rows of dQ_i per consumer (Br / NWG)
+
+#include "mma_common.cuh"     // half_t, u32, NEG_INF, pack_half2, ex2, red_add_v4, smem_u32
+#include "hopper_common.cuh"  // wgmma, descriptors, mbarrier, TMA
+
+constexpr u32 Q_BYTES = Br * D * 2;       // one Q_i or dO_i tile: (NBOX, Br, 64) swizzled
+constexpr u32 KV_BYTES = Bc * D * 2;      // K_j or V_j: (NBOX, Bc, 64) swizzled
+constexpr u32 BOX_Q = Br * 128;           // bytes from one 64-column box of Q_i to the next
+constexpr u32 BOX_KV = Bc * 128;          // ... of K_j or V_j
+constexpr u32 DS_BOX = 64 * 128;          // 64 keys x 64 queries of dS^T, swizzled
+constexpr u32 DS_BYTES = (Br / 64) * DS_BOX;  // one consumer's dS^T: (Br / 64, 64 keys, 64)
+constexpr u32 DQ_BOX = DQR * 128;         // one staged box: 64 rows x 32 floats, swizzled
+constexpr u32 DQ_HALF = (D / 32) * DQ_BOX;  // one consumer's 64 rows of dQ_i
+constexpr float LOG2E = 1.4426950408889634f;
+
+__shared__ alignas(8) u64 bars_[1 + 2 * STAGES];  // K/V, full[STAGES], empty[STAGES]
+__shared__ float lse_s_[STAGES][Br];               // lse * log2e of the stage's queries
+__shared__ float D_s_[STAGES][Br];                 // D of the stage's queries
+
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 x)
+{
+    asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(x) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_f2(u32 addr, float x, float y)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// the copy engine adds the box at src (a staged box, 1024-byte aligned) to dQacc at columns
+// c .. c + 31, rows q .. q + 63 of head bh through the tensor map (rows past Nq dropped);
+// tracked in this thread's bulk async-groups
+__device__ __forceinline__ void tensor_reduce_add_3d(const TensorMap* map, u32 src, int c, int q,
+                                                     int bh)
+{
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+                 " [%0, {%2, %3, %4}], [%1];"
+                 :: "l"(map), "r"(src), "r"(c), "r"(q), "r"(bh) : "memory");
+}
+
+// the byte offset in the staging buffer of row r (0 .. Br - 1), columns c and c + 1 (c even):
+// half r / 64, box c / 32, its 16-byte chunk (c % 32) / 4 swizzled with the row, as the tensor
+// map reads it
+__device__ __forceinline__ u32 dq_stage_addr(int r, int c)
+{
+    return (r / DQR) * DQ_HALF + (c / 32) * DQ_BOX + (r % DQR) * 128
+           + ((((c % 32) >> 2) ^ (r & 7)) << 4) + (c % 4) * 4;
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// every bulk copy this thread committed has finished reading shared memory (.read) or is done
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// issue C (64 x Br) = A B^T with A a 64-row block of K_j or V_j (K-major, box stride BOX_KV)
+// and B = Q_i or dO_i (K-major, box stride BOX_Q): k = D in steps of 16, box ks / 4
+__device__ __forceinline__ void kmajor_issue(float (&c)[Br / 2], u32 a, u32 b)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++)
+        wgmma_ss_n128<0>(c, desc_kmajor_sw128(a + (ks / 4) * BOX_KV, ks % 4),
+                         desc_kmajor_sw128(b + (ks / 4) * BOX_Q, ks % 4), ks > 0);
+}
+
+// issue acc (64 x D) += A B, A (64 x Br) from registers (a[kk]: queries 16 kk .. 16 kk + 15),
+// B = Q_i or dO_i (Br x D) MN-major
+__device__ __forceinline__ void rs_issue(float (&acc)[D / 2], const u32 (&a)[Br / 16][4], u32 b)
+{
+#pragma unroll
+    for (int kk = 0; kk < Br / 16; kk++) {
+        const u64 db = desc_mnmajor_sw128(b, kk, BOX_Q);
+        wgmma_rs_n64<1>(acc, a[kk][0], a[kk][1], a[kk][2], a[kk][3], db, 1);
+    }
+}
+
+// issue this consumer's DQR rows of dQ (Br x D) = dS K_j over the block's 128 keys: A = dS's
+// queries 64 cw .. 64 cw + 63, box cw of each consumer's dS^T (MN-major; keys 0-63 in consumer
+// 0's buffer at ds0, 64-127 in consumer 1's, 2 DS_BYTES further), B = K_j (MN-major, 128 rows,
+// all 64 columns), 16 keys per instruction; the first ignores the old dq
+__device__ __forceinline__ void dq_issue(float (&dq)[D / 2], u32 ds0, u32 Ks, int cw)
+{
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; kk++) {
+        const u64 da = desc_mnmajor_sw128(ds0 + (kk / 4) * 2 * DS_BYTES + cw * DS_BOX, kk % 4,
+                                          DS_BOX);
+        wgmma_ss_n64<1, 1>(dq, da, desc_mnmajor_sw128(Ks, kk, BOX_KV), kk > 0);
+    }
+}
+
+// A fragments of a (64 x Br) accumulator, 16 queries per kk (a_from_c); the empty asm keeps
+// the packing above the wgmma_fence that follows it
+__device__ __forceinline__ void pack_a(u32 (&a)[Br / 16][4], const float (&c)[Br / 2])
+{
+#pragma unroll
+    for (int kk = 0; kk < Br / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            a[kk][r] = pack_half2(c[8 * kk + 2 * r], c[8 * kk + 2 * r + 1]);
+            asm volatile("" : "+r"(a[kk][r]) :: "memory");
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+flash_bwd19(const half_t* __restrict__ Q,     // (B*H, Nq, D), read through qmap
+           const half_t* __restrict__ K,     // (B*H, Nk, D), read through kmap
+           const half_t* __restrict__ V,     // (B*H, Nk, D), read through vmap
+           const half_t* __restrict__ dO,    // (B*H, Nq, D), read through domap
+           const float* __restrict__ lse,    // (B*H, Nq), natural log, scale included
+           const float* __restrict__ Dvec,   // (B*H, Nq), rowsum(dO * O)
+           float* __restrict__ dQacc,        // (B*H, Nq, D), zeroed; dQ / scale is added here
+           half_t* __restrict__ dK,          // (B*H, Nk, D)
+           half_t* __restrict__ dV,          // (B*H, Nk, D)
+           int Nq, int Nk, float scale, int causal,
+           const __grid_constant__ TensorMap qmap,   // (B*H*Nq, D), box (64, 64)
+           const __grid_constant__ TensorMap kmap,   // (B*H*Nk, D), box (Bc, 64)
+           const __grid_constant__ TensorMap vmap,   // (B*H*Nk, D), box (Bc, 64)
+           const __grid_constant__ TensorMap domap,  // (B*H*Nq, D), box (64, 64)
+           const __grid_constant__ TensorMap dqmap)  // dQacc (D, Nq, B*H) f32, box (32, 64, 1)
+{
+    extern __shared__ uint4 smem_[];
+    const u32 Ks = (smem_u32(smem_) + 1023) & ~1023u;  // (NBOX, Bc, 64), 1024-byte aligned
+    const u32 Vs = Ks + KV_BYTES;                      // (NBOX, Bc, 64)
+    const u32 Qs_buf = Vs + KV_BYTES;                  // (STAGES, NBOX, Br, 64)
+    const u32 dOs_buf = Qs_buf + STAGES * Q_BYTES;     // (STAGES, NBOX, Br, 64)
+    const u32 dSs_buf = dOs_buf + STAGES * Q_BYTES;    // (NWG, 2, Br / 64, 64, 64): dS^T
+    const u32 dQs = dSs_buf + NWG * 2 * DS_BYTES;      // (2, D / 32, 64, 128 B): dQ_i staged
+    const u32 kvbar = smem_u32(&bars_[0]);
+    const u32 full0 = kvbar + 8, empty0 = kvbar + 8 + 8 * STAGES;  // stage st: + 8 st
+
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y;
+    const int c0 = blockIdx.x * Bc;  // this block's first key
+    const int i_start = causal ? c0 / Br : 0;  // earlier query tiles see none of these keys
+    const int Tr = (Nq + Br - 1) / Br;
+    const int n_tiles = Tr > i_start ? Tr - i_start : 0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(kvbar, 1);
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(full0 + 8 * st, FULL_ARRIVALS);
+            mbar_init(empty0 + 8 * st, NCONSUMERS);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer warpgroup: registers given back; thread 0 and warp 1 copy,
+                    // warp 2 sends dQ
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(kvbar, 2 * KV_BYTES);
+#pragma unroll
+            for (int b = 0; b < NBOX; b++) {
+                tma_load_2d(Ks + b * BOX_KV, &kmap, 64 * b, bh * Nk + c0, kvbar);
+                tma_load_2d(Vs + b * BOX_KV, &vmap, 64 * b, bh * Nk + c0, kvbar);
+            }
+            for (int it = 0; it < n_tiles; it++) {
+                const int st = it % STAGES, use = it / STAGES;  // use-th filling of stage st
+                if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
+                const u32 full = full0 + 8 * st;
+                const int row = bh * Nq + (i_start + it) * Br;
+                mbar_arrive_expect_tx(full, 2 * Q_BYTES);
+#pragma unroll
+                for (int b = 0; b < NBOX; b++) {
+                    tma_load_2d(Qs_buf + st * Q_BYTES + b * BOX_Q, &qmap, 64 * b, row, full);
+                    tma_load_2d(dOs_buf + st * Q_BYTES + b * BOX_Q, &domap, 64 * b, row, full);
+                }
+            }
+        } else if (warp == 1) {  // lse * log2e (+inf: P = 0) and D of each query tile
+            const float inf = __int_as_float(0x7f800000);
+            for (int it = 0; it < n_tiles; it++) {
+                const int st = it % STAGES, use = it / STAGES;
+                if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
+                const int q0 = (i_start + it) * Br;
+#pragma unroll
+                for (int r = lane; r < Br; r += 32) {
+                    const bool in = q0 + r < Nq;
+                    const float x = in ? lse[(size_t)bh * Nq + q0 + r] : inf;
+                    lse_s_[st][r] = x == NEG_INF ? inf : x * LOG2E;
+                    D_s_[st][r] = in ? Dvec[(size_t)bh * Nq + q0 + r] : 0.f;
+                }
+                mbar_arrive(full0 + 8 * st);  // release: the stores above come first
+            }
+        } else if (warp == 2) {  // dQ_i += the staged dq: lane 0 sends 2 x D / 32 boxes
+            for (int it = 0; it < n_tiles; it++) {
+                named_bar_sync(DQ_FULL, DQ_BAR_THREADS);  // both consumers have staged dQ_i
+                if (lane == 0) {
+#pragma unroll
+                    for (int h = 0; h < Br / DQR; h++)
+#pragma unroll
+                        for (int b = 0; b < D / 32; b++)
+                            tensor_reduce_add_3d(&dqmap, dQs + h * DQ_HALF + b * DQ_BOX, 32 * b,
+                                                 (i_start + it) * Br + DQR * h, bh);
+                }
+                bulk_commit();
+                bulk_wait_read_all();  // the copies have read the staging buffer
+                if (it + 1 < n_tiles) named_bar_arrive(DQ_EMPTY, DQ_BAR_THREADS);
+            }
+            bulk_wait_all();  // the additions are done before the block ends
+        }
+        return;
+    }
+
+    setmaxnreg_inc<CONSUMER_REGS>();
+    const int cw = wg - 1;                  // consumer warpgroup 0 or 1
+    const int kw0 = c0 + cw * 64;           // its first key
+    const u32 Kw = Ks + cw * 64 * 128, Vw = Vs + cw * 64 * 128;  // its 64 rows in each box
+    const u32 dSw = dSs_buf + cw * 2 * DS_BYTES;
+    float dk[D / 2], dv[D / 2];  // 64 keys x D of dK_j, dV_j: wgmma accumulator layout
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
+    const float sl2 = scale * LOG2E;  // exp(scale x) = 2^(sl2 x)
+    const bool ragged_keys = kw0 + 64 > Nk;
+    mbar_wait(kvbar, 0);
+
+    for (int it = 0; it < n_tiles; it++) {
+        const int st = it % STAGES;
+        const int q0 = (i_start + it) * Br;
+        mbar_wait(full0 + 8 * st, (it / STAGES) & 1);  // Q_i, dO_i, lse_i, D_i have landed
+        const u32 Qs = Qs_buf + st * Q_BYTES, dOs = dOs_buf + st * Q_BYTES;
+        const u32 dSt = dSw + (it & 1) * DS_BYTES;
+        const float* lse_s = lse_s_[st];
+        const float* D_s = D_s_[st];
+
+        // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: two commit groups
+        // s[4 j + e], dp[4 j + e]: key 16 warp + g + 8 (e / 2), query 8 j + 2 t + e % 2
+        float s[Br / 2], dp[Br / 2];
+        __syncwarp();
+        wgmma_fence();
+        kmajor_issue(s, Kw, Qs);
+        wgmma_commit();
+        kmajor_issue(dp, Vw, dOs);
+        wgmma_commit();
+
+        // P^T = 2^(S^T sl2 - lse log2e), masked where a key is past Nk or after the query
+        wgmma_wait<1>();
+        wgmma_fence_acc(s);
+        const bool edge = ragged_keys || (causal && kw0 + 63 > q0);
+#pragma unroll
+        for (int j = 0; j < Br / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 8 * j + 2 * t + (e & 1);
+                float p = ex2(fmaf(s[4 * j + e], sl2, -lse_s[col]));
+                if (edge) {
+                    const int key = kw0 + 16 * warp + g + 8 * (e >> 1);
+                    if (key >= Nk || (causal && key > q0 + col)) p = 0.f;
+                }
+                s[4 * j + e] = p;
+            }
+        // dS^T = P^T * (dP^T - D)
+        wgmma_wait<0>();
+        wgmma_fence_acc(dp);
+#pragma unroll
+        for (int j = 0; j < Br / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - D_s[8 * j + 2 * t + (e & 1)]);
+
+        u32 pa[Br / 16][4], dsa[Br / 16][4];  // P^T, dS^T as A fragments
+        pack_a(pa, s);
+        pack_a(dsa, dp);
+        // dS^T into shared memory (16-bit, 128-byte swizzle, box j / 8 of 64 queries):
+        // dsa[j / 2][2 (j % 2) + h] holds row 16 warp + g + 8 h, queries 8 j + 2 t, + 1; every
+        // lane of a warp hits another bank
+#pragma unroll
+        for (int j = 0; j < Br / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                st_shared_u32(dSt + (j / 8) * DS_BOX + swizzle128(16 * warp + g + 8 * h, 8 * (j % 8) + 2 * t),
+                              dsa[j / 2][2 * (j % 2) + h]);
+        fence_proxy_async();               // the stores above, before wgmma reads them
+        // dV_w += P^T dO_i: this consumer's registers only, so before the barrier
+        wgmma_fence_acc(dv);
+        wgmma_fence_acc(dk);
+        wgmma_fence();
+        rs_issue(dv, pa, dOs);
+        wgmma_commit();
+        named_bar_sync(DS_BAR, NCONSUMERS);  // both consumers have stored dS^T
+
+        // this consumer's rows of dQ_i = dS K_j, then dK_w += dS^T Q_i: two commit groups
+        float dq[D / 2];  // dQ_i's rows DQR cw .. DQR cw + DQR - 1 over the 128 keys
+        wgmma_fence();
+        dq_issue(dq, dSs_buf + (it & 1) * DS_BYTES, Ks, cw);
+        wgmma_commit();
+        rs_issue(dk, dsa, Qs);
+        wgmma_commit();
+        if (it > 0) named_bar_sync(DQ_EMPTY, DQ_BAR_THREADS);  // the last tile's dQ is sent
+        wgmma_wait<1>();  // dV and dQ done; dK still running
+        wgmma_fence_acc(dq);
+        // rows DQR cw + 16 warp + g (+8) of the staging buffer, columns 8 m + 2 t, + 1, swizzled
+        // lanes t = 2, 3 store group n ^ 2 where lanes t = 0, 1 store group n (see above)
+        const bool swap = t >= 2;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = swap ? n ^ 2 : n;
+                const float x = swap ? dq[4 * (n ^ 2) + 2 * h] : dq[4 * n + 2 * h];
+                const float y = swap ? dq[4 * (n ^ 2) + 2 * h + 1] : dq[4 * n + 2 * h + 1];
+                st_shared_f2(dQs + dq_stage_addr(DQR * cw + 16 * warp + g + 8 * h, 8 * m + 2 * t),
+                             x, y);
+            }
+        fence_proxy_async();  // this thread's stores, before the copy engine reads them
+        named_bar_arrive(DQ_FULL, DQ_BAR_THREADS);
+        wgmma_wait<0>();
+        wgmma_fence_acc(dv);
+        wgmma_fence_acc(dk);
+        mbar_arrive(empty0 + 8 * st);  // this thread is done with the stage
+    }
+
+    // dK_j = scale * sum dS^T Q, dV_j = sum P^T dO: rows kw0 + 16 warp + g (+8), if < Nk
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int key = kw0 + 16 * warp + g + 8 * h;
+        if (key >= Nk) continue;
+        u32* dKrow = (u32*)(dK + ((size_t)bh * Nk + key) * D);
+        u32* dVrow = (u32*)(dV + ((size_t)bh * Nk + key) * D);
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            dKrow[n * 4 + t] = pack_half2(dk[4 * n + 2 * h] * scale, dk[4 * n + 2 * h + 1] * scale);
+            dVrow[n * 4 + t] = pack_half2(dv[4 * n + 2 * h], dv[4 * n + 2 * h + 1]);
+        }
+    }
+}
