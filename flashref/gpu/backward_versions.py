@@ -231,15 +231,15 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 # tables against the file.
 BWD_PREFERENCE = {
     ("float16", 64, False): 2, ("float16", 64, True): 2,
-    ("float16", 128, False): 6, ("float16", 128, True): 6,
+    ("float16", 128, False): 6, ("float16", 128, True): 4,
     ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
     ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 4,
 }  # fmt: skip
 BWD_HOPPER_PREFERENCE = {
-    ("float16", 64, False): 17, ("float16", 64, True): 17,
-    ("float16", 128, False): 16, ("float16", 128, True): 16,
-    ("bfloat16", 64, False): 17, ("bfloat16", 64, True): 17,
-    ("bfloat16", 128, False): 16, ("bfloat16", 128, True): 16,
+    ("float16", 64, False): 19, ("float16", 64, True): 19,
+    ("float16", 128, False): 18, ("float16", 128, True): 18,
+    ("bfloat16", 64, False): 19, ("bfloat16", 64, True): 19,
+    ("bfloat16", 128, False): 18, ("bfloat16", 128, True): 18,
 }  # fmt: skip
 
 
