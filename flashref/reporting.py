@@ -189,6 +189,8 @@ COUNTERS: dict[str, tuple[Callable[[dict], float], str]] = {  # name: (value of 
     "ldmatrix per mma": (_ldsm_per_mma, ".3f"),
     "bank conflicts, M": (lambda r: r["l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"]
                           / 1e6, ".3g"),
+    "bank conflicts of stores, M": (
+        lambda r: r["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"] / 1e6, ".3g"),
     "instructions issued, M": (lambda r: r["smsp__inst_executed.sum"] / 1e6, ".0f"),
     "issue slots busy, %": (lambda r: r[f"smsp__issue_active.{_PCT}"], ".1f"),
     "resident warps, % of max": (lambda r: r[f"sm__warps_active.{_PCT}"], ".1f"),

@@ -11,7 +11,8 @@
   ``persistent3`` version 28's (and 30's) three consumer warpgroups over such a list;
 * ``backward_grid``: the backward kernels' grid, which query tiles each block visits and
   how many additions each element of dQ receives, checked against the kernels' own lines
-  (it draws them too).
+  (it draws them too); ``staging_stores`` the bank wavefronts of versions 16 to 19's dQ
+  staging stores.
 
 They run on any machine, and are checked against the GPU by the probe kernels
 (``flashref/kernels/probes/``, ``python -m flashref.bench.hopper_probe``). The runtime
