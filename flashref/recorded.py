@@ -211,26 +211,39 @@ def ratios_to_flash(rows, direction: str = "backward") -> list[tuple[dict, float
 
 
 def backward_table(rows, direction: str = "backward") -> list[str]:
-    """Lines of a table: flashref's TFLOP/s beside SDPA FLASH's and cuDNN's, and the ratios,
-    for every (dtype, d, causal, N) and flashref version measured in ``direction``."""
+    """Lines of one table per (dtype, d, causal) measured in ``direction``: a row per
+    flashref version, then SDPA FLASH's and cuDNN's, and a column per N holding the
+    TFLOP/s and the ratios to cuDNN's and to FLASH's ("-" where a row is missing)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     rows = [r for r in rows if r["direction"] == direction]
-    index = {(r["impl"], r["dtype"], r["d"], r["causal"], r["N"]): r for r in rows}
-    ours = sorted(
-        (r for r in rows if r["impl"] == "flashref"),
-        key=lambda r: (r["dtype"], r["d"], r["causal"], r["N"], str(r["version"])),
-    )
-    lines = [f"{direction}, TFLOP/s",
-             f"{'dtype':9}{'d':>4} {'causal':7}{'N':>6} {'version':>7}{'flashref':>9}"
-             f"{'FLASH':>7}{'cuDNN':>7}{'/ FLASH':>8}{'/ cuDNN':>8}"]  # fmt: skip
-    for r in ours:
-        key = (r["dtype"], r["d"], r["causal"], r["N"])
-        base = [index.get((impl, *key)) for impl in ("sdpa_flash", "sdpa_cudnn")]
-        tf = [f"{b['tflops']:7.0f}" if b else f"{'-':>7}" for b in base]
-        ratio = [f"{r['tflops'] / b['tflops']:8.2f}" if b else f"{'-':>8}" for b in base]
-        shape = f"{r['dtype']:9}{r['d']:>4} {r['causal']!s:7}{r['N']:>6} {r['version']!s:>7}"
-        lines.append(f"{shape}{r['tflops']:9.0f}{''.join(tf)}{''.join(ratio)}")
+    index = {(r["impl"], r["version"], r["dtype"], r["d"], r["causal"], r["N"]): r
+             for r in rows}  # fmt: skip
+    Ns = sorted({r["N"] for r in rows})
+    lines = [f"{direction}: TFLOP/s, then its ratio to cuDNN's and to FLASH's"]
+    for case in sorted({(r["dtype"], r["d"], r["causal"]) for r in rows}):
+        versions = sorted({r["version"] for r in rows if r["impl"] == "flashref"
+                           and (r["dtype"], r["d"], r["causal"]) == case})  # fmt: skip
+        named = [(f"bwd{n}" if direction == "backward" else f"v{n}", "flashref", n)
+                 for n in versions]  # fmt: skip
+        named += [("SDPA FLASH", "sdpa_flash", None), ("SDPA cuDNN", "sdpa_cudnn", None)]
+        base = {impl: {N: index.get((impl, None, *case, N)) for N in Ns}
+                for impl in ("sdpa_cudnn", "sdpa_flash")}  # fmt: skip
+        dtype, d, causal = case
+        lines.append("")
+        lines.append(f"{f'{dtype}, d = {d}, causal {causal}':28}"
+                     + "".join(f"{f'N = {N}':>17}" for N in Ns))  # fmt: skip
+        for label, impl, n in named:
+            cells = ""
+            for N in Ns:
+                r = index.get((impl, n, *case, N))
+                if r is None:
+                    cells += f"{'-':>17}"
+                    continue
+                ratios = [f"{r['tflops'] / b[N]['tflops']:5.2f}" if b[N] else f"{'-':>5}"
+                          for b in base.values()]  # fmt: skip
+                cells += f"{r['tflops']:5.0f} {' '.join(ratios)}"
+            lines.append(f"{label:28}{cells}")
     return lines
 
 
