@@ -1,0 +1,204 @@
+"""Where a step of chapter 8's training run spends its time: flashref's attention against SDPA's.
+
+    python tools/profile_training_step.py [--attention flashref sdpa] [--steps 10]
+                                          [--device cuda] [--out step_profile.json]
+
+Chapter 8 records a training step through ``flashref.torch.attention`` slower than the same
+step through SDPA (``results/gpu_training.json``), and the attention calls' own host time
+(``results/gpu_calls.json``) explains only a small part of the gap. This tool is the next
+measurement: for each attention, twice, interleaved, it builds ``flashref.charmodel``'s model
+from seed 0, runs five warm-up steps, then
+
+* times ``--steps`` whole steps (forward, backward, clipping, AdamW, ``loss.item()``), the
+  median wall time per step;
+* times the forward and backward alone, before and after the GPU has finished them (the host
+  time, and the host time plus what the GPU still had to do);
+* profiles ``--steps`` steps with ``torch.profiler``: per step, each operator's self CPU
+  time and calls (the largest), the CUDA runtime and driver calls, and the GPU time of all
+  kernels.
+
+It prints the tables, and with ``--out`` writes them as JSON with the run's provenance
+(device, versions, date, commit). Needs torch; ``--attention flashref`` needs a CUDA device
+and CuPy. On a machine without a GPU, ``--device cpu --attention sdpa`` runs the same steps
+on the CPU (a check of the tool, not a measurement for the book).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a checkout: python tools/profile_training_step.py
+
+API_PREFIXES = ("cuda", "cu")  # the CUDA runtime's and driver's calls, as the profiler names them
+
+
+def summarize(events, steps: int, top: int = 25) -> dict:
+    """Per step, from ``torch.profiler``'s ``key_averages()`` (or anything with ``key``,
+    ``count``, ``self_cpu_time_total`` and ``self_device_time_total`` in microseconds):
+    ``{"cpu_us", "gpu_us", "operators": [[name, self CPU us, calls], ...] (the ``top``
+    largest self CPU times), "api": {name: [calls, self CPU us]}}``."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive int, got {top!r}")
+    events = list(events)
+
+    def gpu(e):
+        return getattr(e, "self_device_time_total", 0) or 0
+
+    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "cpu_us": sum(e.self_cpu_time_total for e in events) / steps,
+        "gpu_us": sum(gpu(e) for e in events) / steps,
+        "operators": [[e.key, e.self_cpu_time_total / steps, e.count / steps] for e in ranked],
+        "api": {
+            e.key: [e.count / steps, e.self_cpu_time_total / steps]
+            for e in events
+            if e.key.startswith(API_PREFIXES)
+        },  # fmt: skip
+    }
+
+
+def _step_fn(attention: str, device: str, seed: int = 0):
+    """One training step of chapter 8's model (``flashref.charmodel.train``'s loop body)."""
+    import torch
+
+    from flashref import charmodel
+
+    cfg = charmodel.Config()
+    corpus = charmodel.CharCorpus(charmodel.book_text())
+    torch.manual_seed(seed)
+    attend = charmodel.attention_function(attention)
+    model = charmodel.build_model(corpus.vocab_size, cfg, attend).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
+    batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
+    amp = dict(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+    def forward_backward():
+        x, y = next(batches)
+        with torch.autocast(**amp):
+            logits = model(torch.from_numpy(x).to(device))
+        target = torch.from_numpy(y).to(device)
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss
+
+    def step():
+        loss = forward_backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.item()  # waits for the step, as charmodel.train's loop does
+
+    return step, forward_backward
+
+
+def measure(attention: str, device: str, steps: int) -> dict:
+    """The timings and the profile of one attention's steps (see the module's docstring)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    step, forward_backward = _step_fn(attention, device)
+    for _ in range(5):
+        step()
+    wall = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        wall.append(time.perf_counter() - t0)
+    host, done = [], []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        forward_backward()
+        host.append(time.perf_counter() - t0)
+        sync()
+        done.append(time.perf_counter() - t0)
+    activities = [ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    return {
+        "attention": attention,
+        "step_ms": statistics.median(wall) * 1e3,
+        "forward_backward_host_ms": statistics.median(host) * 1e3,
+        "forward_backward_done_ms": statistics.median(done) * 1e3,
+        "profile": summarize(prof.key_averages(), steps),
+    }
+
+
+def lines(run: dict, top: int = 15) -> list[str]:
+    """A run's timings, its largest operators and its runtime/driver calls, as text."""
+    p = run["profile"]
+    out = [f"{run['attention']}: step {run['step_ms']:.2f} ms; forward + backward: host "
+           f"{run['forward_backward_host_ms']:.2f} ms, done {run['forward_backward_done_ms']:.2f}"
+           f" ms; profiled per step: CPU {p['cpu_us'] / 1e3:.2f} ms, GPU {p['gpu_us'] / 1e3:.2f}"
+           " ms"]  # fmt: skip
+    out.append(f"  {'operator (self CPU us per step, calls per step)':64}{'us':>9}{'calls':>7}")
+    for name, us, calls in p["operators"][:top]:
+        out.append(f"  {name[:64]:64}{us:9.1f}{calls:7.1f}")
+    for name, (calls, us) in sorted(p["api"].items(), key=lambda kv: -kv[1][1]):
+        out.append(f"  api {name[:60]:60}{us:9.1f}{calls:7.1f}")
+    return out
+
+
+def provenance(device: str) -> dict:
+    import torch
+
+    from flashref.bench.provenance import git_commit
+
+    on_gpu = torch.device(device).type == "cuda"
+    name = torch.cuda.get_device_name() if on_gpu else platform.processor()
+    return {"device": name, "torch": torch.__version__, "python": platform.python_version(),
+            "date": datetime.date.today().isoformat(), "commit": git_commit()}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--attention", nargs="+", default=["flashref", "sdpa"],
+                        choices=("flashref", "sdpa"))  # fmt: skip
+    parser.add_argument("--steps", type=int, default=10, help="steps timed and profiled")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, help="write the runs as JSON here")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be a positive int, got {args.steps}")
+    try:
+        import torch
+    except ImportError:
+        print("profile_training_step needs torch (pip install torch)", file=sys.stderr)
+        return 3
+    if "flashref" in args.attention and torch.device(args.device).type != "cuda":
+        parser.error(f"--attention flashref runs on a CUDA device, not --device {args.device}")
+    runs = []
+    for attention in args.attention * 2:  # interleaved: a drift of the machine hits both
+        run = measure(attention, args.device, args.steps)
+        print(*lines(run), sep="\n", flush=True)
+        runs.append(run)
+    if args.out:
+        data = {"meta": provenance(args.device), "runs": runs}
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
