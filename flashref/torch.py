@@ -122,7 +122,11 @@ class _EagerAttention(torch.autograd.Function):
     def backward(ctx, dO):
         q, k, v, O, lse = ctx.saved_tensors
         if type(dO) is type(O):  # a tensor subclass goes through every check instead
-            dq, dk, dv = ctx.plan.run((q, k, v, O, lse, dO))
+            # The kernels read C-contiguous memory, and a model's (B, N, H, d) -> (B, H, N, d)
+            # view hands back a transposed dO: copied once here, so that the plan launches
+            # its kernels directly instead of taking its general route (CuPy views and
+            # copies, several times the host time)
+            dq, dk, dv = ctx.plan.run((q, k, v, O, lse, dO.contiguous()))
         else:
             dq, dk, dv = gpu.flash_attention_backward(
                 q, k, v, O, lse, dO.contiguous(), causal=ctx.is_causal, scale=ctx.scale

@@ -259,6 +259,32 @@ def test_transposed_views_are_copied_once_and_contiguous_inputs_not_at_all(torch
 
 
 @pytest.mark.gpu
+def test_a_transposed_gradient_takes_the_direct_route(torch, fa, monkeypatch):
+    # a model's attention output goes through transpose(1, 2).reshape(...), so the dO its
+    # backward receives is a transposed view: the adapter copies it once and launches the
+    # kernels directly, as for a contiguous dO (the general route costs far more host time)
+    from flashref.gpu import backward as gpu_backward
+
+    B, N, H, d = 2, 130, 3, 64
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn((B, H, N, d), generator=g).half().cuda().requires_grad_()
+               for _ in range(3))  # fmt: skip
+    dO_dense = torch.randn((B, H, N, d), generator=g).half().cuda()
+    dO_view = dO_dense.transpose(1, 2).contiguous().transpose(1, 2)  # same values, transposed
+    assert not dO_view.is_contiguous() and torch.equal(dO_view, dO_dense)
+
+    def general(self, arrays):
+        raise AssertionError("the backward took its general route")
+
+    want = torch.autograd.grad(fa.attention(q, k, v, is_causal=True), (q, k, v), dO_dense)
+    monkeypatch.setattr(gpu_backward._BwdPlan, "_general", general)
+    got = torch.autograd.grad(fa.attention(q, k, v, is_causal=True), (q, k, v), dO_view)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        err, where = _error(torch, a, b)
+        assert err <= FLOOR["float16"], f"{name}: a transposed dO differs by {err:.3g}"
+
+
+@pytest.mark.gpu
 def test_gradients_only_where_required(torch, fa):
     q, k, v, dO = _inputs(torch, "float16", (1, 2), 70, 70, 64)
     full = _grads(torch, lambda *x: fa.attention(*x), q, k, v, dO)
