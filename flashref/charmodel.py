@@ -104,6 +104,45 @@ def attention_function(name: str):
     raise ValueError(f"attention must be one of {ATTENTIONS}, got {name!r}")
 
 
+def training_parts(attention, *, seed, dtype, device, cfg, corpus):
+    """The model of ``attention`` from ``seed`` and the two halves of one training step, as
+    :func:`train` runs them: ``(model, loss_of, update)``. ``loss_of(x, y)`` is the forward
+    under autocast to ``dtype`` and the cross-entropy of a batch (NumPy token ids);
+    ``update(loss)`` the backward, gradient clipping, AdamW and the learning-rate schedule.
+    ``tools/profile_training_step.py`` profiles the same step."""
+    import torch
+
+    attend = attention_function(attention)  # checks the name
+    device = torch.device(device)
+    if attention == "flashref" and device.type != "cuda":
+        raise ValueError(f"attention='flashref' runs on a CUDA device, not {device}")
+    if cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model={cfg.d_model} is not a multiple of n_heads={cfg.n_heads}")
+    torch.manual_seed(seed)
+    model = build_model(corpus.vocab_size, cfg, attend).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # weights, not biases or gains
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup))
+    amp = dict(device_type=device.type, dtype=getattr(torch, dtype), enabled=dtype != "float32")
+
+    def loss_of(x, y):
+        with torch.autocast(**amp):
+            logits = model(torch.from_numpy(x).to(device))  # (B, N, vocab)
+        target = torch.from_numpy(y).to(device)  # (B, N)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten())
+
+    def update(loss):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+
+    return model, loss_of, update
+
+
 def train(
     attention="flashref",
     *,
@@ -133,38 +172,15 @@ def train(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {dtype!r}")
-    attend = attention_function(attention)  # checks the name
-    device = torch.device(device)
-    if attention == "flashref" and device.type != "cuda":
-        raise ValueError(f"attention='flashref' runs on a CUDA device, not {device}")
-    if cfg.d_model % cfg.n_heads:
-        raise ValueError(f"d_model={cfg.d_model} is not a multiple of n_heads={cfg.n_heads}")
     corpus = corpus or CharCorpus(book_text())
-    torch.manual_seed(seed)
-    model = build_model(corpus.vocab_size, cfg, attend).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # weights, not biases or gains
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup))
-    amp = dict(device_type=device.type, dtype=getattr(torch, dtype), enabled=dtype != "float32")
-
-    def loss_of(x, y):
-        with torch.autocast(**amp):
-            logits = model(torch.from_numpy(x).to(device))  # (B, N, vocab)
-        target = torch.from_numpy(y).to(device)  # (B, N)
-        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten())
-
+    model, loss_of, update = training_parts(attention, seed=seed, dtype=dtype, device=device,
+                                            cfg=cfg, corpus=corpus)  # fmt: skip
     batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
     losses, seconds = [], []
     for _, (x, y) in zip(range(steps), batches, strict=False):
         t0 = time.perf_counter()
         loss = loss_of(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
+        update(loss)
         losses.append(loss.item())  # waits for the step to finish
         seconds.append(time.perf_counter() - t0)
     model.eval()

@@ -69,34 +69,26 @@ def summarize(events, steps: int, top: int = 25) -> dict:
 
 
 def _step_fn(attention: str, device: str, seed: int = 0):
-    """One training step of chapter 8's model (``flashref.charmodel.train``'s loop body)."""
-    import torch
-
+    """One training step of chapter 8's model, as ``flashref.charmodel.train`` runs it
+    (``charmodel.training_parts``), and its forward and backward alone."""
     from flashref import charmodel
 
     cfg = charmodel.Config()
     corpus = charmodel.CharCorpus(charmodel.book_text())
-    torch.manual_seed(seed)
-    attend = charmodel.attention_function(attention)
-    model = charmodel.build_model(corpus.vocab_size, cfg, attend).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
+    model, loss_of, update = charmodel.training_parts(
+        attention, seed=seed, dtype="bfloat16", device=device, cfg=cfg, corpus=corpus
+    )
     batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
-    amp = dict(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
     def forward_backward():
-        x, y = next(batches)
-        with torch.autocast(**amp):
-            logits = model(torch.from_numpy(x).to(device))
-        target = torch.from_numpy(y).to(device)
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten())
-        opt.zero_grad(set_to_none=True)
+        loss = loss_of(*next(batches))
+        model.zero_grad(set_to_none=True)  # as update does before its backward
         loss.backward()
         return loss
 
     def step():
-        loss = forward_backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = loss_of(*next(batches))
+        update(loss)
         return loss.item()  # waits for the step, as charmodel.train's loop does
 
     return step, forward_backward
