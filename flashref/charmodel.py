@@ -165,6 +165,20 @@ def train(
     run), ``"first_step_s"``,
     ``"s_per_step"`` (median over the steps after the first five)``}``.
     """
+    return train_in_turn([(attention, seed)], steps=steps, dtype=dtype, device=device,
+                         cfg=cfg, corpus=corpus, keep_model=keep_model)[0]  # fmt: skip
+
+
+def train_in_turn(
+    plan, *, steps=300, dtype="bfloat16", device="cuda", cfg=None, corpus=None, keep_model=False
+) -> list[dict]:
+    """The runs of ``plan`` (``(attention, seed)`` pairs) trained together, a step of each in
+    turn: step ``i`` of every run in the plan's order for even ``i`` and in reverse for odd
+    ``i``. A drift of the machine's speed (a step here is mostly host time) then falls on
+    every run alike, as interleaved rounds do for a benchmark. Each run keeps its own model,
+    optimizer and batches, and nothing in a step draws random numbers, so every run's losses
+    are those :func:`train` gives it alone (a CPU test checks this). Returns :func:`train`'s
+    dict for each run, in the plan's order."""
     import torch
 
     cfg = cfg or Config()
@@ -172,33 +186,46 @@ def train(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {dtype!r}")
+    if not plan:
+        raise ValueError("plan must name at least one (attention, seed) run")
     corpus = corpus or CharCorpus(book_text())
-    model, loss_of, update = training_parts(attention, seed=seed, dtype=dtype, device=device,
-                                            cfg=cfg, corpus=corpus)  # fmt: skip
-    batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
-    losses, seconds = [], []
-    for _, (x, y) in zip(range(steps), batches, strict=False):
-        t0 = time.perf_counter()
-        loss = loss_of(x, y)
-        update(loss)
-        losses.append(loss.item())  # waits for the step to finish
-        seconds.append(time.perf_counter() - t0)
-    model.eval()
-    val = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=VAL_SEED, split="val")
-    with torch.no_grad():
-        val_loss = [
-            loss_of(x, y).item() for _, (x, y) in zip(range(cfg.eval_batches), val, strict=False)
-        ]
-    timed = sorted(seconds[5:] or seconds)
-    kept = {"model": model} if keep_model else {}
-    return kept | {
-        "attention": attention,
-        "seed": seed,
-        "loss": losses,
-        "val_loss": math.fsum(val_loss) / len(val_loss),
-        "first_step_s": seconds[0],
-        "s_per_step": timed[len(timed) // 2],
-    }
+    runs = []
+    for attention, seed in plan:
+        model, loss_of, update = training_parts(attention, seed=seed, dtype=dtype,
+                                                device=device, cfg=cfg, corpus=corpus)  # fmt: skip
+        batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
+        runs.append({"model": model, "loss_of": loss_of, "update": update, "batches": batches,
+                     "losses": [], "seconds": []})  # fmt: skip
+    for i in range(steps):
+        for run in runs if i % 2 == 0 else runs[::-1]:
+            x, y = next(run["batches"])
+            t0 = time.perf_counter()
+            loss = run["loss_of"](x, y)
+            run["update"](loss)
+            run["losses"].append(loss.item())  # waits for the step to finish
+            run["seconds"].append(time.perf_counter() - t0)
+    out = []
+    for (attention, seed), run in zip(plan, runs, strict=True):
+        model, loss_of = run["model"], run["loss_of"]
+        model.eval()
+        val = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=VAL_SEED,
+                             split="val")  # fmt: skip
+        with torch.no_grad():
+            val_loss = [
+                loss_of(x, y).item() for _, (x, y) in zip(range(cfg.eval_batches), val, strict=False)
+            ]
+        seconds = run["seconds"]
+        timed = sorted(seconds[5:] or seconds)
+        kept = {"model": model} if keep_model else {}
+        out.append(kept | {
+            "attention": attention,
+            "seed": seed,
+            "loss": run["losses"],
+            "val_loss": math.fsum(val_loss) / len(val_loss),
+            "first_step_s": seconds[0],
+            "s_per_step": timed[len(timed) // 2],
+        })  # fmt: skip
+    return out
 
 
 def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
@@ -237,17 +264,17 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
 
 
 def compare(*, steps=300, seed=0, dtype="bfloat16", cfg=None) -> dict:
-    """flashref and SDPA from ``seed``, and SDPA from ``seed + 1``: ``{"meta", "runs"}``."""
+    """flashref and SDPA from ``seed``, and SDPA from ``seed + 1``, trained in turn
+    (:func:`train_in_turn`): ``{"meta", "runs"}``."""
     cfg = cfg or Config()
     corpus = CharCorpus(book_text())
     plan = [("flashref", seed), ("sdpa", seed), ("sdpa", seed + 1)]
-    runs = []
-    for attention, s in plan:
-        run = train(attention, steps=steps, seed=s, dtype=dtype, cfg=cfg, corpus=corpus)
+    runs = train_in_turn(plan, steps=steps, dtype=dtype, cfg=cfg, corpus=corpus)
+    for run in runs:
         curve = f"loss {run['loss'][0]:.3f} -> {run['loss'][-1]:.3f}, val {run['val_loss']:.3f}"
-        print(f"{attention:8} seed {s}: {curve}, {run['s_per_step'] * 1e3:.1f} ms/step", flush=True)
-        runs.append(run)
-    return {"meta": provenance(cfg, steps, dtype, corpus), "runs": runs}
+        print(f"{run['attention']:8} seed {run['seed']}: {curve}, "
+              f"{run['s_per_step'] * 1e3:.1f} ms/step", flush=True)  # fmt: skip
+    return {"meta": provenance(cfg, steps, dtype, corpus) | {"order": "in turn"}, "runs": runs}
 
 
 def main(argv=None) -> int:

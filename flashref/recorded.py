@@ -2,7 +2,7 @@
 
 ``results/gpu_training.json`` is written by ``python -m flashref.charmodel``;
 ``results/gpu_backward.json`` by the GPU benchmark of the backward kernels;
-``results/gpu_calls.json`` (its host rows) by ``python -m flashref.bench calls``. Both are read
+``results/gpu_training_step.json`` by ``tools/profile_training_step.py``. All are read
 with every field checked (a missing key, a wrong type, NaN or infinity is a ValueError
 naming the file, the entry and the field), so a chapter never prints from a broken file.
 ``backward_bench`` and ``backward_profile`` hand the backward run and its counters to
@@ -125,53 +125,67 @@ def training_summary(runs, window: int = 50) -> dict:
     return out
 
 
-ADAPTER_STEP = "flashref.torch.attention forward + backward"  # the host row of bench calls
+STEP_RUN = {"attention": str, "step_ms": _NUM, "forward_backward_host_ms": _NUM,
+            "forward_backward_done_ms": _NUM, "profile": dict}  # fmt: skip
+STEP_PROFILE = {"cpu_us": _NUM, "gpu_us": _NUM, "attention_us": list}
+STEP_SIDES = ("flashref", "sdpa")
 
 
-def step_host_share(runs, n_layers: int, calls_path) -> dict:
-    """How much of the training run's longer step is the attention call's host time.
-
-    ``runs``: the training runs (``load_training``); ``calls_path``: a ``gpu_calls.json``
-    whose host rows time ``flashref.torch.attention``'s forward and backward beside SDPA's
-    at a tiny shape (``bench calls``). Returns ``{"flashref_ms", "sdpa_ms"`` (per step, the
-    runs from one seed), ``"gap_ms"``, ``"flashref_us"``, ``"sdpa_us"`` (host time of one
-    forward + backward), ``"host_ms"`` (``n_layers`` calls a step: the extra host time per
-    step), ``"share"`` (of the gap), ``"shape"``, ``"date"``, ``"commit"}``.
-    """
-    flash, sdpa = _pair(runs)
-    data = _read(Path(calls_path))
-    rows = [r for r in data.get("host", []) if str(r.get("call", "")).startswith(ADAPTER_STEP)]
-    if not rows:
-        raise ValueError(f"{calls_path}: no host row of {ADAPTER_STEP!r}")
-    row = rows[0]
-    _check(row, {"flashref_us": _NUM, "sdpa_us": _NUM}, f"{calls_path}: {row['call']!r}")
-    gap_ms = (flash["s_per_step"] - sdpa["s_per_step"]) * 1e3
-    host_ms = n_layers * (row["flashref_us"] - row["sdpa_us"]) / 1e3
-    meta = data.get("meta", {})
-    return {
-        "flashref_ms": flash["s_per_step"] * 1e3,
-        "sdpa_ms": sdpa["s_per_step"] * 1e3,
-        "gap_ms": gap_ms,
-        "flashref_us": row["flashref_us"],
-        "sdpa_us": row["sdpa_us"],
-        "host_ms": host_ms,
-        "share": host_ms / gap_ms if gap_ms > 0 else None,
-        "shape": row["call"][len(ADAPTER_STEP) :].strip(),
-        "date": meta.get("date"),
-        "commit": str(meta.get("commit", ""))[:7],
-    }
+def load_step_profile(path):
+    """``(meta, runs)`` from the file ``tools/profile_training_step.py --out`` writes, every
+    field the chapter reads checked; both sides must be there, each with the profiler's
+    attention ranges (two numbers: forward, backward)."""
+    path = Path(path)
+    data = _read(path)
+    _check(data, {"meta": dict, "runs": list}, str(path))
+    _check(data["meta"], {"gpu": str, "date": str, "commit": str}, f"{path}: meta")
+    for i, run in enumerate(data["runs"]):
+        where = f"{path}: runs[{i}]"
+        _check(run, STEP_RUN, where)
+        _check(run["profile"], STEP_PROFILE, f"{where}['profile']")
+        pair = run["profile"]["attention_us"]
+        if len(pair) != 2 or not all(isinstance(x, _NUM) and x >= 0 for x in pair):
+            raise ValueError(f"{where}['profile']['attention_us'] = {pair!r}; expected two "
+                             "numbers >= 0 (forward, backward)")  # fmt: skip
+    sides = {run["attention"] for run in data["runs"]}
+    if not set(STEP_SIDES) <= sides:
+        raise ValueError(f"{path}: runs of {sorted(sides)}; expected both of {STEP_SIDES}")
+    return data["meta"], data["runs"]
 
 
-def step_host_lines(h: dict, n_layers: int, calls_name: str) -> list[str]:
-    """``step_host_share``'s result as the lines chapter 8 prints."""
-    return [
-        f"step: flashref {h['flashref_ms']:.1f} ms, SDPA {h['sdpa_ms']:.1f} ms, "
-        f"{h['flashref_ms'] / h['sdpa_ms']:.2f} times, {h['gap_ms']:.1f} ms more",
-        f"host time of one forward + backward {h['shape']} ({calls_name}, {h['date']}):",
-        f"  flashref {h['flashref_us']:.0f} us, SDPA {h['sdpa_us']:.0f} us",
-        f"{n_layers} layers a step: {h['host_ms']:.2f} ms of the {h['gap_ms']:.1f} ms"
-        + ("" if h["share"] is None else f" ({h['share']:.0%})"),
-    ]
+def step_profile_lines(meta: dict, runs) -> list[str]:
+    """What chapter 8 prints of the profiled training step: per side and round, the step's
+    wall time, the forward + backward's host time and its completion, the GPU's kernel time
+    and the host time of the attention's own ranges, all per step; then whether the GPU
+    finished within a tenth of a millisecond of the host in every round (the step is the
+    host's), and the attention ranges' difference between the sides."""
+    by = {side: [r for r in runs if r["attention"] == side] for side in STEP_SIDES}
+    lines = [f"{meta['gpu']}, {meta['date']}, commit {meta['commit'][:7]}: "
+             f"{min(len(v) for v in by.values())} rounds a side, interleaved",
+             f"{'':10}{'step ms':>14}{'fwd+bwd host':>15}{'done ms':>13}{'GPU ms':>12}"
+             f"{'attention us':>15}"]  # fmt: skip
+
+    def pair(values, spec):
+        return "  ".join(format(v, spec) for v in values)
+
+    for side, rs in by.items():
+        lines.append(
+            f"  {side:8}{pair([r['step_ms'] for r in rs], '6.1f'):>14}"
+            f"{pair([r['forward_backward_host_ms'] for r in rs], '6.1f'):>15}"
+            f"{pair([r['forward_backward_done_ms'] for r in rs], '5.1f'):>13}"
+            f"{pair([r['profile']['gpu_us'] / 1e3 for r in rs], '4.1f'):>12}"
+            f"{pair([sum(r['profile']['attention_us']) for r in rs], '5.0f'):>15}"
+        )
+    lag = max(r["forward_backward_done_ms"] - r["forward_backward_host_ms"] for r in runs)
+    lines.append(f"the GPU done within 0.1 ms of the host, every round: {lag < 0.1}")
+
+    def middle(side):
+        xs = sorted(sum(r["profile"]["attention_us"]) for r in by[side])
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    extra = (middle("flashref") - middle("sdpa")) / 1e3
+    lines.append(f"attention's ranges, flashref minus SDPA (medians): {extra:+.2f} ms a step")
+    return lines
 
 
 def load_backward(path):
@@ -427,7 +441,7 @@ def training_lines(meta: dict, runs, summary: dict) -> list[str]:
         lines.append("flashref's validation loss as close to SDPA's as two seeds' are: "
                      f"{s['val_gap'] <= s['seed_val_gap']}")  # fmt: skip
     flash, sdpa = s["flashref"], s["sdpa"]
-    lines.append(f"flashref's step as fast as SDPA's: {flash['s_per_step'] <= sdpa['s_per_step']}")
+    lines.append(f"flashref's step over SDPA's, same seed: {flash['s_per_step'] / sdpa['s_per_step']:.2f}")
     return lines
 
 

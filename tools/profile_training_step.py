@@ -39,13 +39,24 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout: python tools/profile_training_step.py
 
 API_PREFIXES = ("cuda", "cu")  # the CUDA runtime's and driver's calls, as the profiler names them
+# The profiler's ranges of one attention call, forward and backward, each side (inclusive CPU
+# time): flashref's autograd Function (without the Python of flashref.torch.attention before
+# it: its checks are a dictionary lookup) and its backward node; SDPA's operator and its
+# backward node, whatever backend SDPA picked
+ATTENTION_RANGES = {
+    "flashref": ("_EagerAttention", "autograd::engine::evaluate_function: _EagerAttentionBackward"),
+    "sdpa": ("aten::scaled_dot_product_attention",
+             "autograd::engine::evaluate_function: ScaledDotProduct"),
+}  # fmt: skip
 
 
-def summarize(events, steps: int, top: int = 25) -> dict:
+def summarize(events, steps: int, top: int = 25, attention: str | None = None) -> dict:
     """Per step, from ``torch.profiler``'s ``key_averages()`` (or anything with ``key``,
-    ``count``, ``self_cpu_time_total`` and ``self_device_time_total`` in microseconds):
-    ``{"cpu_us", "gpu_us", "operators": [[name, self CPU us, calls], ...] (the ``top``
-    largest self CPU times), "api": {name: [calls, self CPU us]}}``."""
+    ``count``, ``self_cpu_time_total``, ``cpu_time_total`` and ``self_device_time_total`` in
+    microseconds): ``{"cpu_us", "gpu_us", "operators": [[name, self CPU us, calls], ...]
+    (the ``top`` largest self CPU times), "api": {name: [calls, self CPU us]},
+    "attention_us": [forward, backward]}``: the last, with ``attention`` ("flashref" or
+    "sdpa"), the inclusive CPU time of that side's ``ATTENTION_RANGES`` (None without)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
@@ -55,8 +66,16 @@ def summarize(events, steps: int, top: int = 25) -> dict:
     def gpu(e):
         return getattr(e, "self_device_time_total", 0) or 0
 
+    if attention is not None and attention not in ATTENTION_RANGES:
+        raise ValueError(f"attention must be one of {sorted(ATTENTION_RANGES)}, got {attention!r}")
     ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    inclusive = None
+    if attention is not None:
+        forward, backward = ATTENTION_RANGES[attention]
+        inclusive = [sum(e.cpu_time_total for e in events if e.key == forward) / steps,
+                     sum(e.cpu_time_total for e in events if e.key.startswith(backward)) / steps]  # fmt: skip
     return {
+        "attention_us": inclusive,
         "cpu_us": sum(e.self_cpu_time_total for e in events) / steps,
         "gpu_us": sum(gpu(e) for e in events) / steps,
         "operators": [[e.key, e.self_cpu_time_total / steps, e.count / steps] for e in ranked],
@@ -130,7 +149,7 @@ def measure(attention: str, device: str, steps: int) -> dict:
         "step_ms": statistics.median(wall) * 1e3,
         "forward_backward_host_ms": statistics.median(host) * 1e3,
         "forward_backward_done_ms": statistics.median(done) * 1e3,
-        "profile": summarize(prof.key_averages(), steps),
+        "profile": summarize(prof.key_averages(), steps, attention=attention),
     }
 
 
@@ -141,6 +160,9 @@ def lines(run: dict, top: int = 15) -> list[str]:
            f"{run['forward_backward_host_ms']:.2f} ms, done {run['forward_backward_done_ms']:.2f}"
            f" ms; profiled per step: CPU {p['cpu_us'] / 1e3:.2f} ms, GPU {p['gpu_us'] / 1e3:.2f}"
            " ms"]  # fmt: skip
+    if p.get("attention_us"):
+        fwd, bwd = p["attention_us"]
+        out.append(f"  attention's ranges, CPU us per step: forward {fwd:.1f}, backward {bwd:.1f}")
     out.append(f"  {'operator (self CPU us per step, calls per step)':64}{'us':>9}{'calls':>7}")
     for name, us, calls in p["operators"][:top]:
         out.append(f"  {name[:64]:64}{us:9.1f}{calls:7.1f}")
@@ -149,15 +171,23 @@ def lines(run: dict, top: int = 15) -> list[str]:
     return out
 
 
-def provenance(device: str) -> dict:
+def provenance(device: str, steps: int) -> dict:
+    """On a GPU, ``charmodel.provenance``'s (GPU, driver, versions, the model, the commit and
+    the source hashes of the kernel versions the model's attention runs); on the CPU (a check
+    of the tool) the processor, versions, date and commit."""
     import torch
 
+    from flashref import charmodel
     from flashref.bench.provenance import git_commit
 
-    on_gpu = torch.device(device).type == "cuda"
-    name = torch.cuda.get_device_name() if on_gpu else platform.processor()
-    return {"device": name, "torch": torch.__version__, "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(), "commit": git_commit()}  # fmt: skip
+    common = {"profiled_steps": steps, "rounds": 2, "tool": "tools/profile_training_step.py"}
+    if torch.device(device).type == "cuda":
+        cfg = charmodel.Config()
+        corpus = charmodel.CharCorpus(charmodel.book_text())
+        return charmodel.provenance(cfg, steps, "bfloat16", corpus) | common
+    return {"device": platform.processor(), "torch": torch.__version__,
+            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
+            "commit": git_commit()} | common  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -186,7 +216,7 @@ def main(argv=None) -> int:
         print(*lines(run), sep="\n", flush=True)
         runs.append(run)
     if args.out:
-        data = {"meta": provenance(args.device), "runs": runs}
+        data = {"meta": provenance(args.device, args.steps), "runs": runs}
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0

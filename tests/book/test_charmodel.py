@@ -56,6 +56,20 @@ def test_training_on_cpu_is_seeded(corpus):
     assert set(a) == {"attention", "seed", "loss", "val_loss", "first_step_s", "s_per_step"}
 
 
+def test_runs_trained_in_turn_learn_as_alone(corpus):
+    # train_in_turn alternates the runs' steps (for the timing); each run's losses must be
+    # the ones it has trained alone, bit for bit, in either position of the plan
+    alone = [charmodel.train("sdpa", steps=5, seed=s, device="cpu", cfg=TINY, corpus=corpus)
+             for s in (0, 1)]  # fmt: skip
+    plan = [("sdpa", 1), ("sdpa", 0)]
+    together = charmodel.train_in_turn(plan, steps=5, device="cpu", cfg=TINY, corpus=corpus)
+    assert [(r["attention"], r["seed"]) for r in together] == plan
+    for run, ref in zip(together, alone[::-1], strict=True):
+        assert run["loss"] == ref["loss"] and run["val_loss"] == ref["val_loss"]
+    with pytest.raises(ValueError, match="plan"):
+        charmodel.train_in_turn([], steps=1, device="cpu", cfg=TINY, corpus=corpus)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

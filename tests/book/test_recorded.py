@@ -21,8 +21,8 @@ from flashref.recorded import (
     load_training,
     ratios_to_flash,
     stall_sampling_lines,
-    step_host_lines,
-    step_host_share,
+    load_step_profile,
+    step_profile_lines,
     training_lines,
     training_summary,
 )
@@ -60,32 +60,50 @@ def test_training_file_and_summary(tmp_path):
     assert math.isclose(s["seed_end_gap"], 0.52)
 
 
-def _calls(flashref_us=300.0, sdpa_us=200.0):
-    row = {"call": "flashref.torch.attention forward + backward (1, 8, 128, 64) fp16",
-           "flashref_us": flashref_us, "sdpa_us": sdpa_us}  # fmt: skip
-    other = {"call": "forward (1, 8, 128, 64) fp16", "flashref_us": 1.0, "sdpa_us": 9.0}
-    return {"meta": {"date": "2026-12-02", "commit": "abcdef0123"}, "host": [other, row]}
+def _step_run(side, step_ms, host_ms, done_ms, gpu_us, attention_us):
+    return {"attention": side, "step_ms": step_ms, "forward_backward_host_ms": host_ms,
+            "forward_backward_done_ms": done_ms,
+            "profile": {"cpu_us": 9000.0, "gpu_us": gpu_us, "attention_us": attention_us}}  # fmt: skip
 
 
-def test_step_host_share_sets_the_calls_host_time_against_the_step_gap(tmp_path):
-    data = _training()
-    data["runs"][0]["s_per_step"] = 0.0125  # flashref 12.5 ms a step, SDPA 10 ms
-    _, runs = load_training(_write(tmp_path, data))
-    h = step_host_share(runs, 4, _write(tmp_path, _calls(), "calls.json"))
-    assert math.isclose(h["gap_ms"], 2.5) and math.isclose(h["host_ms"], 0.4)  # 4 x 100 us
-    assert math.isclose(h["share"], 0.16) and h["shape"] == "(1, 8, 128, 64) fp16"
-    assert h["commit"] == "abcdef0" and h["date"] == "2026-12-02"
-    lines = step_host_lines(h, 4, "calls.json")
-    assert lines[0] == "step: flashref 12.5 ms, SDPA 10.0 ms, 1.25 times, 2.5 ms more"
-    assert lines[-1] == "4 layers a step: 0.40 ms of the 2.5 ms (16%)"
+def _step_profile():
+    meta = {"gpu": "a GPU", "date": "2026-12-02", "commit": "abcdef0123"}
+    runs = [_step_run("flashref", 12.0, 11.0, 11.05, 6600.0, [300.0, 500.0]),
+            _step_run("sdpa", 11.0, 10.0, 10.02, 6400.0, [250.0, 250.0]),
+            _step_run("flashref", 14.0, 13.0, 13.08, 7000.0, [320.0, 580.0]),
+            _step_run("sdpa", 13.0, 12.0, 12.01, 6500.0, [240.0, 260.0])]  # fmt: skip
+    return {"meta": meta, "runs": runs}
 
 
-def test_step_host_share_names_a_calls_file_without_the_row(tmp_path):
-    _, runs = load_training(_write(tmp_path, _training()))
-    calls = _calls()
-    calls["host"] = calls["host"][:1]
-    with pytest.raises(ValueError, match="no host row of 'flashref.torch.attention forward"):
-        step_host_share(runs, 4, _write(tmp_path, calls, "calls.json"))
+def test_step_profile_lines(tmp_path):
+    meta, runs = load_step_profile(_write(tmp_path, _step_profile()))
+    lines = step_profile_lines(meta, runs)
+    assert lines[0] == "a GPU, 2026-12-02, commit abcdef0: 2 rounds a side, interleaved"
+    assert lines[2].split() == ["flashref", "12.0", "14.0", "11.0", "13.0", "11.1", "13.1",
+                                "6.6", "7.0", "800", "900"]  # fmt: skip
+    assert lines[3].split()[0] == "sdpa" and lines[3].split()[-2:] == ["500", "500"]
+    assert lines[4] == "the GPU done within 0.1 ms of the host, every round: True"
+    assert lines[5] == "attention's ranges, flashref minus SDPA (medians): +0.35 ms a step"
+    late = _step_profile()
+    late["runs"][3]["forward_backward_done_ms"] = 12.5  # the GPU still busy after the host
+    assert step_profile_lines(*load_step_profile(_write(tmp_path, late)))[4].endswith("False")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["runs"].pop(1) and d["runs"].pop(2), r"runs of \['flashref'\]"),
+        (lambda d: d["runs"][0]["profile"].update(attention_us=[1.0]), "expected two numbers"),
+        (lambda d: d["runs"][0]["profile"].update(attention_us=None), "attention_us"),
+        (lambda d: d["runs"][2].pop("step_ms"), r"runs\[2\] has no 'step_ms'"),
+        (lambda d: d["meta"].pop("commit"), "meta has no 'commit'"),
+    ],
+)
+def test_a_broken_step_profile_is_named(tmp_path, change, message):
+    data = _step_profile()
+    change(data)
+    with pytest.raises(ValueError, match=message):
+        load_step_profile(_write(tmp_path, data))
 
 
 def test_training_summary_without_another_seed(tmp_path):
@@ -264,7 +282,7 @@ def test_training_lines_say_both_results(tmp_path):
     runs[0]["s_per_step"] = 0.02  # flashref's step twice SDPA's
     lines = training_lines(meta, runs, training_summary(runs))
     assert lines[-2] == "flashref's validation loss as close to SDPA's as two seeds' are: True"
-    assert lines[-1] == "flashref's step as fast as SDPA's: False"
+    assert lines[-1] == "flashref's step over SDPA's, same seed: 2.00"
     assert lines[2].split()[:4] == ["flashref,", "seed", "0", "20.0"]
 
 
