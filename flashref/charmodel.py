@@ -211,9 +211,8 @@ def train_in_turn(
         val = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=VAL_SEED,
                              split="val")  # fmt: skip
         with torch.no_grad():
-            val_loss = [
-                loss_of(x, y).item() for _, (x, y) in zip(range(cfg.eval_batches), val, strict=False)
-            ]
+            pairs = zip(range(cfg.eval_batches), val, strict=False)
+            val_loss = [loss_of(x, y).item() for _, (x, y) in pairs]
         seconds = run["seconds"]
         timed = sorted(seconds[5:] or seconds)
         kept = {"model": model} if keep_model else {}

@@ -441,7 +441,8 @@ def training_lines(meta: dict, runs, summary: dict) -> list[str]:
         lines.append("flashref's validation loss as close to SDPA's as two seeds' are: "
                      f"{s['val_gap'] <= s['seed_val_gap']}")  # fmt: skip
     flash, sdpa = s["flashref"], s["sdpa"]
-    lines.append(f"flashref's step over SDPA's, same seed: {flash['s_per_step'] / sdpa['s_per_step']:.2f}")
+    ratio = flash["s_per_step"] / sdpa["s_per_step"]
+    lines.append(f"flashref's step over SDPA's, same seed: {ratio:.2f}")
     return lines
 
 

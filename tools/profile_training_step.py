@@ -72,8 +72,10 @@ def summarize(events, steps: int, top: int = 25, attention: str | None = None) -
     inclusive = None
     if attention is not None:
         forward, backward = ATTENTION_RANGES[attention]
-        inclusive = [sum(e.cpu_time_total for e in events if e.key == forward) / steps,
-                     sum(e.cpu_time_total for e in events if e.key.startswith(backward)) / steps]  # fmt: skip
+        inclusive = [
+            sum(e.cpu_time_total for e in events if e.key == forward) / steps,
+            sum(e.cpu_time_total for e in events if e.key.startswith(backward)) / steps,
+        ]
     return {
         "attention_us": inclusive,
         "cpu_us": sum(e.self_cpu_time_total for e in events) / steps,

@@ -48,15 +48,18 @@ def test_summarize_is_per_step_and_ranks_by_self_cpu_time(tool):
 
 def test_the_attention_ranges_are_inclusive_and_each_sides_own(tool):
     fwd, bwd = tool.ATTENTION_RANGES["sdpa"]
-    events = [event(fwd, 4, 20.0, total=300.0), event(bwd + "Backward0", 4, 10.0, total=500.0),
-              event("_EagerAttention", 4, 50.0, total=900.0), event("aten::mm", 8, 70.0)]  # fmt: skip
+    events = [event(fwd, 4, 20.0, total=300.0),
+              event(bwd + "Backward0", 4, 10.0, total=500.0),
+              event("_EagerAttention", 4, 50.0, total=900.0),
+              event("aten::mm", 8, 70.0)]  # fmt: skip
     s = tool.summarize(events, steps=2, attention="sdpa")
     assert s["attention_us"] == [150.0, 250.0]  # inclusive, per step; flashref's not counted
     assert tool.summarize(events, steps=2, attention="flashref")["attention_us"] == [450.0, 0.0]
     assert tool.summarize(events, steps=2)["attention_us"] is None
     run = {"attention": "sdpa", "step_ms": 1.0, "forward_backward_host_ms": 1.0,
            "forward_backward_done_ms": 1.0, "profile": s}  # fmt: skip
-    assert tool.lines(run)[1] == "  attention's ranges, CPU us per step: forward 150.0, backward 250.0"
+    want = "  attention's ranges, CPU us per step: forward 150.0, backward 250.0"
+    assert tool.lines(run)[1] == want
     with pytest.raises(ValueError, match="attention must be"):
         tool.summarize(events, steps=2, attention="cudnn")
 

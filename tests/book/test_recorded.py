@@ -18,10 +18,10 @@ from flashref.recorded import (
     backward_table,
     best_backward,
     load_backward,
+    load_step_profile,
     load_training,
     ratios_to_flash,
     stall_sampling_lines,
-    load_step_profile,
     step_profile_lines,
     training_lines,
     training_summary,
@@ -63,7 +63,8 @@ def test_training_file_and_summary(tmp_path):
 def _step_run(side, step_ms, host_ms, done_ms, gpu_us, attention_us):
     return {"attention": side, "step_ms": step_ms, "forward_backward_host_ms": host_ms,
             "forward_backward_done_ms": done_ms,
-            "profile": {"cpu_us": 9000.0, "gpu_us": gpu_us, "attention_us": attention_us}}  # fmt: skip
+            "profile": {"cpu_us": 9000.0, "gpu_us": gpu_us,
+                        "attention_us": attention_us}}  # fmt: skip
 
 
 def _step_profile():
