@@ -1,26 +1,27 @@
 """Where a step of chapter 8's training run spends its time: flashref's attention against SDPA's.
 
     python tools/profile_training_step.py [--attention flashref sdpa] [--steps 10]
-                                          [--device cuda] [--out step_profile.json]
+                                          [--device cuda] [--out gpu_training_step.json]
 
-Chapter 8 records a training step through ``flashref.torch.attention`` slower than the same
-step through SDPA (``results/gpu_training.json``), and the attention calls' own host time
-(``results/gpu_calls.json``) explains only a small part of the gap. This tool is the next
-measurement: for each attention, twice, interleaved, it builds ``flashref.charmodel``'s model
-from seed 0, runs five warm-up steps, then
+Chapter 8 records the training run through ``flashref.torch.attention`` beside the same run
+through SDPA (``results/gpu_training.json``); this tool says where such a step spends its
+time (chapter 8 prints ``results/gpu_training_step.json``, which it wrote). For each
+attention, twice, interleaved, it builds ``flashref.charmodel``'s model from seed 0, runs
+five warm-up steps, then
 
 * times ``--steps`` whole steps (forward, backward, clipping, AdamW, ``loss.item()``), the
   median wall time per step;
 * times the forward and backward alone, before and after the GPU has finished them (the host
   time, and the host time plus what the GPU still had to do);
 * profiles ``--steps`` steps with ``torch.profiler``: per step, each operator's self CPU
-  time and calls (the largest), the CUDA runtime and driver calls, and the GPU time of all
-  kernels.
+  time and calls (the largest), the CUDA runtime and driver calls, the GPU time of all
+  kernels, and the inclusive CPU time of the attention's own ranges (``ATTENTION_RANGES``).
 
-It prints the tables, and with ``--out`` writes them as JSON with the run's provenance
-(device, versions, date, commit). Needs torch; ``--attention flashref`` needs a CUDA device
-and CuPy. On a machine without a GPU, ``--device cpu --attention sdpa`` runs the same steps
-on the CPU (a check of the tool, not a measurement for the book).
+It prints the tables, and with ``--out`` writes them as JSON with the run's provenance (on a
+GPU ``charmodel.provenance``'s: device, driver, versions, date, the commit and the source
+hashes of the kernels the model runs). Needs torch; ``--attention flashref`` needs a CUDA
+device and CuPy. On a machine without a GPU, ``--device cpu --attention sdpa`` runs the same
+steps on the CPU (a check of the tool, not a measurement for the book).
 """
 
 from __future__ import annotations

@@ -83,11 +83,13 @@ def test_step_profile_lines(tmp_path):
     assert lines[2].split() == ["flashref", "12.0", "14.0", "11.0", "13.0", "11.1", "13.1",
                                 "6.6", "7.0", "800", "900"]  # fmt: skip
     assert lines[3].split()[0] == "sdpa" and lines[3].split()[-2:] == ["500", "500"]
-    assert lines[4] == "the GPU done within 0.1 ms of the host, every round: True"
+    assert lines[4] == "the GPU done at most 0.08 ms after the host, under 2% of a step: True"
     assert lines[5] == "attention's ranges, flashref minus SDPA (medians): +0.35 ms a step"
     late = _step_profile()
-    late["runs"][3]["forward_backward_done_ms"] = 12.5  # the GPU still busy after the host
-    assert step_profile_lines(*load_step_profile(_write(tmp_path, late)))[4].endswith("False")
+    late["runs"][3]["forward_backward_done_ms"] = 12.5  # the GPU busy 0.5 ms after the host
+    assert step_profile_lines(*load_step_profile(_write(tmp_path, late)))[4] == (
+        "the GPU done at most 0.50 ms after the host, under 2% of a step: False"
+    )
 
 
 @pytest.mark.parametrize(
