@@ -81,12 +81,15 @@ def build_model(vocab_size: int, cfg: Config, attend):
             self.ln = nn.LayerNorm(cfg.d_model)
             self.head = nn.Linear(cfg.d_model, vocab_size)
 
-        def forward(self, idx):  # (B, N) int64
+        def features(self, idx):  # (B, N) int64 -> (B, N, d_model): what the head reads
             pos = torch.arange(idx.shape[1], device=idx.device)  # (N,)
             x = self.tok(idx) + self.pos(pos)  # (B, N, d_model)
             for block in self.blocks:
                 x = block(x)
-            return self.head(self.ln(x))  # (B, N, vocab)
+            return self.ln(x)
+
+        def forward(self, idx):  # (B, N) int64
+            return self.head(self.features(idx))  # (B, N, vocab)
 
     return CharTransformer()
 

@@ -16,7 +16,8 @@ and nothing else. Two generators run the same model (``flashref.charmodel``) tha
 Both prefill the prompt in one pass (causal attention over the prompt: flashref's
 ``flash_attention`` and SDPA), take the first new token from it, then replay the step. The
 position, the last token and every generated token live on the device, written by the
-graph; the tokens are read back once, at the end. Greedy decoding (argmax).
+graph; the tokens are read back once, at the end. Greedy decoding: the argmax of float32
+logits (``greedy_logits``).
 
 torch is imported inside the functions: importing this module needs only NumPy.
 """
@@ -26,6 +27,23 @@ from __future__ import annotations
 import time
 
 GENERATORS = ("flashref", "sdpa")
+
+
+def greedy_logits(model, idx, dtype="bfloat16"):
+    """The logits the generators choose from, at every position of ``idx (B, N)`` (int64 on
+    the model's device): the model under ``dtype`` autocast up to its last layer norm, then
+    its head in float32, outside autocast. Returns ``(B, N, vocab)`` float32.
+
+    The head in float32 is what serving engines do before sampling, and it matters for
+    greedy decoding: logits of a bfloat16 head have 8 bits of mantissa (steps of 1/16 near
+    10), so two tokens often tie exactly, and two implementations of attention, whose
+    outputs differ by rounding, then break the tie differently."""
+    import torch
+
+    with torch.autocast(idx.device.type, dtype=getattr(torch, dtype), cache_enabled=False):
+        h = model.features(idx)
+    with torch.autocast(idx.device.type, enabled=False):
+        return model.head(h.float())
 
 
 def _heads(block, x, H):
@@ -63,8 +81,10 @@ class _Generator:
     def _amp(self):  # no cast cache: a captured graph must not keep casts made outside it
         return self.torch.autocast("cuda", dtype=self.dt, cache_enabled=False)
 
-    def _logits_to_token(self, x):
-        logits = self.model.head(self.model.ln(x[:, -1]))  # (B, vocab)
+    def _logits_to_token(self, x):  # greedy_logits' last step: the head in float32
+        h = self.model.ln(x[:, -1])  # (B, d_model)
+        with self.torch.autocast("cuda", enabled=False):
+            logits = self.model.head(h.float())  # (B, vocab) float32
         self.tok.copy_(logits.argmax(-1))
 
     def generate(self, prompts, new_tokens: int, loop_context=None) -> dict:

@@ -330,16 +330,19 @@ def _copies(torch, events) -> dict:
 def _gaps(torch, model, prompts, a, b, first) -> list:
     """For each sequence where the two generators part at token j: the difference of the two
     tokens' logits there, from the model run again without a cache (SDPA, bfloat16 autocast,
-    float32 logits) over the prompt and the common prefix; None where they never part. A gap
-    near zero is a near tie, where rounding decides the greedy choice."""
+    the head in float32: ``generate.greedy_logits``) over the prompt and the common prefix;
+    None where they never part. A gap near zero is a near tie, where rounding decides the
+    greedy choice."""
+    from flashref.generate import greedy_logits
+
     out = []
     for i, j in enumerate(first):
         if j is None:
             out.append(None)
             continue
         seq = torch.cat([prompts[i], a[i, :j]])[None]
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(seq)[0, -1].float()
+        with torch.no_grad():
+            logits = greedy_logits(model, seq)[0, -1]
         out.append(float((logits[a[i, j]] - logits[b[i, j]]).abs()))
     return out
 

@@ -44,6 +44,32 @@ def test_model_shapes(corpus):
     assert 3_000_000 < params < 3_300_000, params
 
 
+def test_greedy_logits_are_the_models_with_a_float32_head(corpus):
+    from flashref.generate import greedy_logits
+
+    torch.manual_seed(0)
+    attend = charmodel.attention_function("sdpa")
+    model = charmodel.build_model(corpus.vocab_size, TINY, attend).eval()
+    x, _ = next(corpus.batches(batch_size=2, context=TINY.context, seed=0))
+    idx = torch.from_numpy(x)
+    with torch.no_grad():
+        got = greedy_logits(model, idx, "bfloat16")
+        assert got.dtype == torch.float32 and got.shape == (2, TINY.context, corpus.vocab_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = model.features(idx)
+            bf16 = model(idx)  # the head under autocast too: bfloat16 logits
+        assert torch.equal(got, model.head(h.float()))
+        assert bf16.dtype == torch.bfloat16
+        assert torch.equal(model(idx), model.head(model.features(idx)))
+
+    def ties(logits):  # exact ties of the best two logits
+        top = logits.float().topk(2, dim=-1).values
+        return int((top[..., 0] == top[..., 1]).sum())
+
+    with torch.no_grad():
+        assert ties(got) == 0 and (got - bf16.float()).abs().max() > 0
+
+
 def test_training_on_cpu_is_seeded(corpus):
     a = charmodel.train("sdpa", steps=4, device="cpu", cfg=TINY, corpus=corpus)
     b = charmodel.train("sdpa", steps=4, device="cpu", cfg=TINY, corpus=corpus)

@@ -2,9 +2,10 @@
 
 Each generated token must be the model's own greedy choice: the whole model, run again
 without a cache over the prompt and the generated tokens, gives each of them the highest
-logit, up to a near tie (a gap within bfloat16's rounding of the logits). The model's head
-is scaled so that its logits spread over several units: a cache that held a wrong key, a
-wrong position or another sequence's tokens changes the choice by far more than a tie.
+float32 logit (``greedy_logits``), up to a near tie (a gap within what bfloat16 attention's
+rounding moves the logits). The model's head is scaled so that its logits spread over
+several units: a cache that held a wrong key, a wrong position or another sequence's tokens
+changes the choice by far more than a tie.
 Both generators, and the paged one copies nothing to the device while it replays.
 """
 
@@ -24,7 +25,7 @@ TIE = 0.25  # logit gap below which two choices are a tie at bfloat16 (logits of
 )
 def test_generated_tokens_are_the_greedy_choice(torch, name, kw):
     from flashref.charmodel import Config, attention_function, build_model
-    from flashref.generate import generator
+    from flashref.generate import generator, greedy_logits
 
     cfg = Config(n_layers=2, d_model=128, n_heads=2, context=128)
     torch.manual_seed(0)
@@ -40,8 +41,8 @@ def test_generated_tokens_are_the_greedy_choice(torch, name, kw):
     out = res["tokens"]
     assert out.shape == (3, 50)
     seq = torch.cat([prompts, out], dim=1)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(seq[:, :-1]).float()[:, prompts.shape[1] - 1 :]  # predicts out
+    with torch.no_grad():
+        logits = greedy_logits(model, seq[:, :-1])[:, prompts.shape[1] - 1 :]  # predicts out
     chosen = logits.gather(-1, out[..., None])[..., 0]
     gap = logits.max(-1).values - chosen
     worst = float(gap.max())
