@@ -290,7 +290,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--out", type=Path, default=Path("results/gpu_training.json"))
     args = parser.parse_args(argv)
-    result = compare(steps=args.steps, seed=args.seed, dtype=args.dtype)
+    from .bench._common import ClockSampler
+
+    with ClockSampler() as clocks:  # the SM clock while the GPU is busy (NVML; None without)
+        result = compare(steps=args.steps, seed=args.seed, dtype=args.dtype)
+    result["meta"]["sm_clock"] = clocks.summary()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -131,6 +131,13 @@ STEP_PROFILE = {"cpu_us": _NUM, "gpu_us": _NUM, "attention_us": list}
 STEP_SIDES = ("flashref", "sdpa")
 
 
+def clock_text(c: dict) -> str:
+    """A recorded ``sm_clock`` (``ClockSampler.summary``) as ``"1965-1980 MHz"`` (or one value
+    where the clock did not move)."""
+    lo, hi = c["min_mhz"], c["max_mhz"]
+    return f"{lo} MHz" if lo == hi else f"{lo}-{hi} MHz"
+
+
 def load_step_profile(path):
     """``(meta, runs)`` from the file ``tools/profile_training_step.py --out`` writes, every
     field the chapter reads checked; both sides must be there, each with the profiler's
@@ -160,7 +167,8 @@ def step_profile_lines(meta: dict, runs) -> list[str]:
     host the GPU finished, at most, and whether that is under 2% of the shortest step (the
     step is the host's), and the attention ranges' difference between the sides."""
     by = {side: [r for r in runs if r["attention"] == side] for side in STEP_SIDES}
-    lines = [f"{meta['gpu']}, {meta['date']}, commit {meta['commit'][:7]}: "
+    clock = f", SM {clock_text(meta['sm_clock'])}" if meta.get("sm_clock") else ""
+    lines = [f"{meta['gpu']}, {meta['date']}, commit {meta['commit'][:7]}{clock}: "
              f"{min(len(v) for v in by.values())} rounds a side, interleaved",
              f"{'':10}{'step ms':>14}{'fwd+bwd host':>15}{'done ms':>13}{'GPU ms':>12}"
              f"{'attention us':>15}"]  # fmt: skip
@@ -428,6 +436,9 @@ def training_lines(meta: dict, runs, summary: dict) -> list[str]:
     m, s, w = meta["model"], summary, summary["window"]
     lines = [f"{meta['gpu']}, torch {meta['torch']}, {meta['date']}: {m.get('n_layers')} layers,"
              f" d_model {m.get('d_model')}, {meta['steps']} steps in {meta['dtype']}"]  # fmt: skip
+    if meta.get("sm_clock"):  # the model on a line of its own
+        head, model = lines[0].split(": ", 1)
+        lines[0:1] = [f"{head}, SM {clock_text(meta['sm_clock'])}:", f"  {model}"]
     lines.append(f"{'':18}{'ms per step':>12}{f'loss, last {w}':>15}{'validation':>12}")
     for key in ("flashref", "sdpa", "other_seed"):
         run = s[key]

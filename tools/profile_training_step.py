@@ -213,13 +213,17 @@ def main(argv=None) -> int:
         return 3
     if "flashref" in args.attention and torch.device(args.device).type != "cuda":
         parser.error(f"--attention flashref runs on a CUDA device, not --device {args.device}")
+    from flashref.bench._common import ClockSampler
+
     runs = []
-    for attention in args.attention * 2:  # interleaved: a drift of the machine hits both
-        run = measure(attention, args.device, args.steps)
-        print(*lines(run), sep="\n", flush=True)
-        runs.append(run)
+    with ClockSampler() as clocks:  # the SM clock while the GPU is busy (NVML; None without)
+        for attention in args.attention * 2:  # interleaved: a drift of the machine hits both
+            run = measure(attention, args.device, args.steps)
+            print(*lines(run), sep="\n", flush=True)
+            runs.append(run)
     if args.out:
-        data = {"meta": provenance(args.device, args.steps), "runs": runs}
+        meta = provenance(args.device, args.steps) | {"sm_clock": clocks.summary()}
+        data = {"meta": meta, "runs": runs}
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0

@@ -80,6 +80,10 @@ def test_step_profile_lines(tmp_path):
     meta, runs = load_step_profile(_write(tmp_path, _step_profile()))
     lines = step_profile_lines(meta, runs)
     assert lines[0] == "a GPU, 2026-12-02, commit abcdef0: 2 rounds a side, interleaved"
+    clocked = dict(meta, sm_clock={"median_mhz": 1980, "min_mhz": 1980, "max_mhz": 1980})
+    assert step_profile_lines(clocked, runs)[0] == (
+        "a GPU, 2026-12-02, commit abcdef0, SM 1980 MHz: 2 rounds a side, interleaved"
+    )
     assert lines[2].split() == ["flashref", "12.0", "14.0", "11.0", "13.0", "11.1", "13.1",
                                 "6.6", "7.0", "800", "900"]  # fmt: skip
     assert lines[3].split()[0] == "sdpa" and lines[3].split()[-2:] == ["500", "500"]
@@ -287,6 +291,11 @@ def test_training_lines_say_both_results(tmp_path):
     assert lines[-2] == "flashref's validation loss as close to SDPA's as two seeds' are: True"
     assert lines[-1] == "flashref's step over SDPA's, same seed: 2.00"
     assert lines[2].split()[:4] == ["flashref,", "seed", "0", "20.0"]
+    meta["sm_clock"] = {"median_mhz": 1980, "min_mhz": 1965, "max_mhz": 1980, "samples": 9}
+    clocked = training_lines(meta, runs, training_summary(runs))
+    assert clocked[0] == "a GPU, torch 2.11, 2026-12-01, SM 1965-1980 MHz:"
+    assert clocked[1] == "  4 layers, d_model None, 60 steps in bfloat16"
+    assert clocked[2:] == lines[1:]
 
 
 def test_stall_sampling_lines(tmp_path):
