@@ -292,7 +292,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from .bench._common import ClockSampler
 
-    with ClockSampler() as clocks:  # the SM clock while the GPU is busy (NVML; None without)
+    with ClockSampler(min_util=5) as clocks:  # the SM clock while kernels run (NVML)
         result = compare(steps=args.steps, seed=args.seed, dtype=args.dtype)
     result["meta"]["sm_clock"] = clocks.summary()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     from flashref.bench._common import ClockSampler
 
     runs = []
-    with ClockSampler() as clocks:  # the SM clock while the GPU is busy (NVML; None without)
+    with ClockSampler(min_util=5) as clocks:  # the SM clock while kernels run (NVML)
         for attention in args.attention * 2:  # interleaved: a drift of the machine hits both
             run = measure(attention, args.device, args.steps)
             print(*lines(run), sep="\n", flush=True)

@@ -43,9 +43,15 @@ def _elapsed(start, end) -> float:
 
 
 class ClockSampler:
-    """Samples the SM clock through NVML every 0.2 s while it runs (None without NVML)."""
+    """Samples the SM clock through NVML every 0.2 s while it runs (None without NVML), keeping
+    the samples taken while the GPU was busy: more than ``min_util`` percent of the last
+    sample period with a kernel running (50 by default; a host-bound run, such as a small
+    model's training step, keeps its GPU busy less than half of the time and asks for less)."""
 
-    def __init__(self):
+    def __init__(self, min_util: int = 50):
+        if isinstance(min_util, bool) or not isinstance(min_util, int) or not 0 <= min_util < 100:
+            raise ValueError(f"min_util must be an int percent in [0, 100), got {min_util!r}")
+        self.min_util = min_util
         self.samples: list[int] = []
         self._stop = threading.Event()
         try:
@@ -67,7 +73,7 @@ class ClockSampler:
         while not self._stop.wait(0.2):
             clock = self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM)
             util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
-            if util > 50:  # only while kernels run
+            if util > self.min_util:  # only while kernels run
                 self.samples.append(int(clock))
 
     def __exit__(self, *exc):
@@ -77,7 +83,8 @@ class ClockSampler:
         if not self.samples:
             return None
         s = sorted(self.samples)
-        return {"median_mhz": s[len(s) // 2], "min_mhz": s[0], "max_mhz": s[-1], "samples": len(s)}
+        out = {"median_mhz": s[len(s) // 2], "min_mhz": s[0], "max_mhz": s[-1], "samples": len(s)}
+        return out if self.min_util == 50 else out | {"min_util_pct": self.min_util}
 
 
 def _import_torch():
