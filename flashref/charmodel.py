@@ -189,8 +189,15 @@ def train_in_turn(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {dtype!r}")
+    plan = list(plan)
     if not plan:
         raise ValueError("plan must name at least one (attention, seed) run")
+    for entry in plan:  # every run checked before any model is built
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ValueError(f"plan must hold (attention, seed) pairs, got {entry!r}")
+        attention_function(entry[0])  # says which names there are
+        if type(entry[1]) is not int:
+            raise ValueError(f"plan must give each run an int seed, got {entry[1]!r}")
     corpus = corpus or CharCorpus(book_text())
     runs = []
     for attention, seed in plan:

@@ -92,8 +92,11 @@ def test_runs_trained_in_turn_learn_as_alone(corpus):
     assert [(r["attention"], r["seed"]) for r in together] == plan
     for run, ref in zip(together, alone[::-1], strict=True):
         assert run["loss"] == ref["loss"] and run["val_loss"] == ref["val_loss"]
-    with pytest.raises(ValueError, match="plan"):
-        charmodel.train_in_turn([], steps=1, device="cpu", cfg=TINY, corpus=corpus)
+    for bad, message in (([], "plan must name"), ([("sdpa", 0), ("sdpa",)], "pairs"),
+                         ([("sdpa", 0), ("cudnn", 1)], "attention must be one of"),
+                         ([("sdpa", 0), ("sdpa", True)], "int seed")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            charmodel.train_in_turn(bad, steps=1, device="cpu", cfg=TINY, corpus=corpus)
 
 
 @pytest.mark.parametrize(
