@@ -42,7 +42,15 @@ def greedy_logits(model, idx, dtype="bfloat16"):
 
     with torch.autocast(idx.device.type, dtype=getattr(torch, dtype), cache_enabled=False):
         h = model.features(idx)
-    with torch.autocast(idx.device.type, enabled=False):
+    return float32_head(model, h)
+
+
+def float32_head(model, h):
+    """The model's head on ``h (..., d_model)`` (its last layer norm's output) in float32,
+    outside any autocast: the logits greedy decoding picks from."""
+    import torch
+
+    with torch.autocast(h.device.type, enabled=False):
         return model.head(h.float())
 
 
@@ -81,10 +89,8 @@ class _Generator:
     def _amp(self):  # no cast cache: a captured graph must not keep casts made outside it
         return self.torch.autocast("cuda", dtype=self.dt, cache_enabled=False)
 
-    def _logits_to_token(self, x):  # greedy_logits' last step: the head in float32
-        h = self.model.ln(x[:, -1])  # (B, d_model)
-        with self.torch.autocast("cuda", enabled=False):
-            logits = self.model.head(h.float())  # (B, vocab) float32
+    def _logits_to_token(self, x):  # greedy_logits' last step, for the last position
+        logits = float32_head(self.model, self.model.ln(x[:, -1]))  # (B, vocab) float32
         self.tok.copy_(logits.argmax(-1))
 
     def generate(self, prompts, new_tokens: int, loop_context=None) -> dict:
