@@ -28,7 +28,16 @@
 //     whose last causal tile is at most one before warpgroup 1's, has a tile in every split.
 //     A split s >= e is empty: no block loads anything for it, its rows get lse = -inf. Each
 //     split writes its rows' O / l in float32 and their lse to O_part and lse_part, and
-//     paged_prefill_combine merges a row's splits by their lse (a second launch).
+//     paged_prefill_combine merges a row's splits by their lse (a second launch);
+//   * the start: a chunk's blocks hold a few key tiles each, so a block's start is a good part
+//     of its life, and version 29's start reads three things in a row from global memory before
+//     its first product: the sequence's length (to know whether the block has work and which
+//     tiles are its), a page number, then the tile. Here a block whose first work tile is a
+//     split 0 (every block, with one split) skips the empty-split check (a split 0 is never
+//     empty), and its producer asks for that tile's Q and reads the pages of its keys 0 and
+//     64 (split 0 starts at key 0) before it reads the length: the reads overlap, and the
+//     first tile's copy waits for the length alone. Measured with clock64 stamps per block
+//     and in results/gpu_serving.json's chunked prefill (this comment holds no numbers).
 // Rows before the sequence's first key (L < Nq, a chunk not appended yet) would see no key:
 // the host refuses tables it can check, and the pools' free slots must hold finite values
 // (flashref.gpu.DevicePagedKVCache's pools start at zero).
@@ -75,25 +84,57 @@ __device__ __forceinline__ void turn_end(int cw, int turn, int n_turns, bool mor
 
 #include "tile_scheduler.cuh"  // work_tile (the order of the work tiles)
 
-// the producer thread: the K and V tile of keys c0 .. c0 + Bc - 1 of sequence b's pages (K/V
-// head hkv) into stage (Ks, Vs), two boxes of 64 rows each, counted on barrier full
+// the pools' row of key k of the sequence (K/V head hkv), k in page `page`; past_end (rows
+// TMA fills with zeros) when k >= L: then every key of its box is past L
+__device__ __forceinline__ int kv_row(int page, int k, int L, int hkv, int Hkv, int page_size,
+                                      int past_end)
+{
+    return k < L ? (page * Hkv + hkv) * page_size + k % page_size : past_end;
+}
+
+// the producer thread: a K and V tile of Bc keys, two boxes of 64 rows from the pools' rows
+// row[0] and row[1], into stage (Ks, Vs), counted on barrier full
+__device__ __forceinline__ void load_kv_rows(u32 Ks, u32 Vs, const TensorMap* kmap,
+                                             const TensorMap* vmap, const int (&row)[Bc / 64],
+                                             u32 full)
+{
+    mbar_arrive_expect_tx(full, 2 * KV_BYTES);
+#pragma unroll
+    for (int half = 0; half < Bc / 64; half++)
+#pragma unroll
+        for (int b = 0; b < NBOX; b++) {
+            tma_load_2d(Ks + b * BOX_KV + half * 64 * 128, kmap, 64 * b, row[half], full);
+            tma_load_2d(Vs + b * BOX_KV + half * 64 * 128, vmap, 64 * b, row[half], full);
+        }
+}
+
+// the tile of keys c0 .. c0 + Bc - 1, each box's page looked up in the sequence's block table
+// bt (no page is looked up past L)
 __device__ __forceinline__ void load_kv_paged(u32 Ks, u32 Vs, const TensorMap* kmap,
                                               const TensorMap* vmap, const int* bt, int c0, int L,
                                               int hkv, int Hkv, int page_size, int past_end,
                                               u32 full)
 {
-    mbar_arrive_expect_tx(full, 2 * KV_BYTES);
+    int row[Bc / 64];
 #pragma unroll
     for (int half = 0; half < Bc / 64; half++) {
         const int k = c0 + 64 * half;
-        const int row = k < L ? (bt[k / page_size] * Hkv + hkv) * page_size + k % page_size
-                              : past_end;  // zeros: every key of the box is past L
-#pragma unroll
-        for (int b = 0; b < NBOX; b++) {
-            tma_load_2d(Ks + b * BOX_KV + half * 64 * 128, kmap, 64 * b, row, full);
-            tma_load_2d(Vs + b * BOX_KV + half * 64 * 128, vmap, 64 * b, row, full);
-        }
+        row[half] = k < L ? kv_row(bt[k / page_size], k, L, hkv, Hkv, page_size, past_end) : past_end;
     }
+    load_kv_rows(Ks, Vs, kmap, vmap, row, full);
+}
+
+// the producer thread: query block q_block's Q rows of (batch, head) bh, both consumer
+// warpgroups' 64, counted on barrier qbar
+__device__ __forceinline__ void load_q(u32 Qs, const TensorMap* qmap, int bh, int Nq, int q_block,
+                                       u32 qbar)
+{
+    mbar_arrive_expect_tx(qbar, Q_BYTES);
+#pragma unroll
+    for (int b = 0; b < NBOX; b++)
+#pragma unroll
+        for (int w = 0; w < NWG; w++)
+            tma_load_2d(Qs + b * BOX_Q + w * 64 * 128, qmap, 64 * b, bh * Nq + q_block * Br + 64 * w, qbar);
 }
 
 // work tile `item` of Tr * BH * splits (the splits of one query block side by side): its query
@@ -157,7 +198,9 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
     const int G = (int)max(1ll, min((long long)BH, L2_KV_BYTES / ((long long)Nk_max * D * 4)));
     const int group = Hq / Hkv;  // query heads per K/V head
     if ((int)blockIdx.x >= n_items) return;  // never: the host launches min(n_items, SMs) blocks
-    {  // a block whose work tiles are all empty splits writes their lse and leaves
+    // a block whose work tiles are all empty splits writes their lse and leaves; a block whose
+    // first work tile is a split 0 (never empty) has work, and reads no length to know it
+    if (blockIdx.x % splits != 0) {
         int q_block, bh, L, t_lo, t_hi;
         if (!split_tile(blockIdx.x, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi) &&
             !more_tiles(blockIdx.x, n_items, Tr, BH, G, causal, splits, lengths, Hq, Nq)) {
@@ -190,24 +233,43 @@ paged_prefill(const half_t* __restrict__ Q,  // (B*Hq, Nq, D), read through qmap
             bool refill = false;  // and whether the stage was filled before (then: wait for it)
             for (int item = blockIdx.x, n = 0; item < n_items; item += gridDim.x) {
                 int q_block, bh, L, t_lo, t_hi;  // key tiles t_lo .. t_hi - 1 of query block q_block
+                // a split 0 is never empty and starts at key 0: its Q and the pages of its first
+                // tile are asked for before its sequence's length is read, not after it
+                const bool split0 = item % splits == 0;
+                int page0[Bc / 64];  // split 0: the pages of keys 0 and 64
+                if (split0) {
+                    work_tile(item / splits, Tr, BH, G, causal, q_block, bh);
+                    const int* bt = block_table + (size_t)(bh / Hq) * max_pages;
+#pragma unroll
+                    for (int half = 0; half < Bc / 64; half++)  // used only for keys below L
+                        page0[half] = 64 * half / page_size < max_pages ? bt[64 * half / page_size] : 0;
+                    if (n >= 1)  // both warpgroups' last S of n - 1
+                        mbar_wait_suspend(q_empty, (n - 1) & 1, PRODUCER_SUSPEND_NS);
+                    load_q(Qs, &qmap, bh, Nq, q_block, qbar);
+                }
                 if (!split_tile(item, Tr, BH, G, causal, splits, lengths, Hq, Nq, q_block, bh, L, t_lo, t_hi))
                     continue;  // an empty split: nothing to load (n counts the loaded tiles)
-                const int q0 = q_block * Br;
                 const int b_seq = bh / Hq, hkv = (bh % Hq) / group;
                 const int* bt = block_table + (size_t)b_seq * max_pages;
-                if (n >= 1)  // both warpgroups' last S of n - 1
-                    mbar_wait_suspend(q_empty, (n - 1) & 1, PRODUCER_SUSPEND_NS);
-                mbar_arrive_expect_tx(qbar, Q_BYTES);  // Q_i: both consumers' rows
-#pragma unroll
-                for (int b = 0; b < NBOX; b++)
-#pragma unroll
-                    for (int w = 0; w < NWG; w++)
-                        tma_load_2d(Qs + b * BOX_Q + w * 64 * 128, &qmap, 64 * b, bh * Nq + q0 + 64 * w, qbar);
+                if (!split0) {
+                    if (n >= 1)
+                        mbar_wait_suspend(q_empty, (n - 1) & 1, PRODUCER_SUSPEND_NS);
+                    load_q(Qs, &qmap, bh, Nq, q_block, qbar);
+                }
                 for (int it = t_lo; it < t_hi; it++) {
                     if (refill)  // the consumers left the tile KV_STAGES before this one
                         mbar_wait_suspend(empty0 + 8 * st, ph ^ 1, PRODUCER_SUSPEND_NS);
-                    load_kv_paged(Ks_buf + st * KV_BYTES, Vs_buf + st * KV_BYTES, &kmap, &vmap,
-                                  bt, it * Bc, L, hkv, Hkv, page_size, past_end, full0 + 8 * st);
+                    if (split0 && it == 0) {  // the pages read above
+                        int row[Bc / 64];
+#pragma unroll
+                        for (int half = 0; half < Bc / 64; half++)
+                            row[half] = kv_row(page0[half], 64 * half, L, hkv, Hkv, page_size, past_end);
+                        load_kv_rows(Ks_buf + st * KV_BYTES, Vs_buf + st * KV_BYTES, &kmap, &vmap,
+                                     row, full0 + 8 * st);
+                    } else {
+                        load_kv_paged(Ks_buf + st * KV_BYTES, Vs_buf + st * KV_BYTES, &kmap, &vmap,
+                                      bt, it * Bc, L, hkv, Hkv, page_size, past_end, full0 + 8 * st);
+                    }
                     ring_next(st, ph);
                     refill |= st == 0;
                 }
