@@ -219,8 +219,13 @@ def version_lines(run: DecodeRun, sm90a_versions, defaults: tuple[int, int]) -> 
 # -- the serving run -----------------------------------------------------------------------
 
 
-def serving_provenance_lines(data: dict, where: str) -> list[str]:
-    """The serving run's GPU, driver, versions, date, commit, clocks and timing rule."""
+def serving_provenance_lines(data: dict, where: str, beside: tuple[str, str] | None = None
+                             ) -> list[str]:  # fmt: skip
+    """The serving run's GPU, driver, versions, date, commit, clocks and timing rule.
+
+    ``beside``: ``(name, gpu)`` of another run printed on the same page; where its GPU is not
+    this run's, a line says so, and that the two compare by their ratios (each to a baseline
+    measured in its own run), not by their GB/s or times."""
     m = data["meta"]
     c = m["clocks"]
     out = [f"serving run ({where}): {m['gpu']}, driver {m['driver']}, {m['date']}, commit "
@@ -233,6 +238,11 @@ def serving_provenance_lines(data: dict, where: str) -> list[str]:
     out += textwrap.wrap("sources: " + ", ".join(f"{k} {v}" for k, v in sources.items()), 74,
                          initial_indent="  ", subsequent_indent="    ")  # fmt: skip
     out += textwrap.wrap(m["timing"], 74, initial_indent="  ", subsequent_indent="  ")
+    if beside is not None and beside[1] != m["gpu"]:
+        out += textwrap.wrap(
+            f"another GPU than {beside[0]} ({beside[1]}): compare the two by their ratios, "
+            "each to a baseline of its own run, not by GB/s or times", 74,
+            initial_indent="  ", subsequent_indent="  ")  # fmt: skip
     return out
 
 

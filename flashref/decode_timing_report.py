@@ -3,7 +3,9 @@
 ``results/gpu_decode.json`` (through :class:`flashref.decode_report.DecodeRun`): the timed
 calls with their host and kernel times, the paged calls' host work, the replayed rows of
 every version; ``results/gpu_decode_splits*.json``: the split-count sweep;
-``results/gpu_decode_profile*.json``: Nsight Compute counters of the versions and of cuDNN.
+``results/gpu_decode_profile*.json``: Nsight Compute counters of the versions and of cuDNN;
+``results/gpu_prefill_stamps.json`` (``tools/prefill_stamps.py``): clock stamps inside the
+chunked prefill's blocks.
 Each function returns the lines of one table and the lines under it that say what it
 shows, so that a cell of the appendix is one call.
 """
@@ -21,7 +23,7 @@ from flashref.decode_report import shape_of, shape_text
 
 __all__ = [
     "timed_table", "timed_checks", "host_kernel", "paged_host", "split_sweep",
-    "profile_versions", "profile_small", "early_tiles", "profile_v7",
+    "profile_versions", "profile_small", "early_tiles", "profile_v7", "prefill_stamps",
 ]  # fmt: skip
 
 NS = "gpu__time_duration.sum"  # every kernel of the call, in ns
@@ -578,4 +580,50 @@ def profile_v7(path):
                 f"B = {where[0]}, Hkv = {where[1]}, Nk = {where[2]:,}: version 7 "
                 f"/ cuDNN time x {t:.3f}, DRAM bytes read x {rd:.3f}"
             )
+    return out.lines
+
+
+# (column, stamp): the producer thread's stamps, then the first consumer thread's
+STAMP_COLUMNS = (("Q ask", "q_asked"), ("len", "length_read"), ("K0 ask", "tile0_asked"),
+                 ("ready", "consumer_ready"), ("Q in", "q_landed"), ("K0 in", "tile0_landed"),
+                 ("P0", "tile0_done"), ("loop", "loop_done"), ("end", "end"))  # fmt: skip
+
+
+def prefill_stamps(path):
+    """Inside the chunked prefill's blocks (``tools/prefill_stamps.py``): each step's time
+    from the block's start, the median over blocks, per chunk; then, per chunk, how much of
+    a block is its start (until its first key tile lands) and its end (after its last)."""
+    out = _Out()
+    path = Path(path)
+    if not path.exists():
+        out(f"no recorded stamps: {path.name} is missing; run python tools/prefill_stamps.py")
+        out(f"--out results/{path.name} on a Hopper GPU")
+        return out.lines
+    data = json.loads(path.read_text())
+    m = data["meta"]
+    mhz = [r["sm_mhz"] for r in data["rows"]]
+    out(f"stamps ({path.name}): {m['gpu']}, driver {m['driver']}, {m['date']},")
+    sources = ", ".join(f"{k} {v}" for k, v in m["other_sources"].items())
+    out(f"  commit {m['commit'][:7]}, {sources}")
+    out(f"  SM clock {min(mhz):,.0f}-{max(mhz):,.0f} MHz (the stamps' cycles over %globaltimer)")
+    out("us from a block's start, median over the blocks; one split, fp16, pages of 128, B = 1")
+    out(f"{'H':>3}{'d':>4}{'Nq':>5}{'L':>6}{'blocks':>7}"
+        + "".join(f"{c:>7}" for c, _ in STAMP_COLUMNS[:3]) + " |"
+        + "".join(f"{c:>6}" for c, _ in STAMP_COLUMNS[3:]) + f"{'last':>6}")  # fmt: skip
+    for r in data["rows"]:
+        s = r["stamps_us"]
+        out(f"{r['H']:>3}{r['d']:>4}{r['Nq']:>5}{r['L']:>6}{r['blocks']:>7}"
+            + "".join(f"{s[k]:>7.2f}" for _, k in STAMP_COLUMNS[:3]) + " |"
+            + "".join(f"{s[k]:>6.2f}" for _, k in STAMP_COLUMNS[3:])
+            + f"{r['last_end_us']:>6.2f}")  # fmt: skip
+    out("producer: Q ask, len (the sequence's length read), K0 ask (the first key tile asked);")
+    out("consumer: ready (registers raised), Q in and K0 in (landed), P0 (the first tile's")
+    out("  scores and P), loop (the last tile done), end (the output written);")
+    out("last: the last block's end, from the first block's start (the kernel's blocks)")
+    out("a block's start (until K0 in) and end (after the loop), and their share of it:")
+    for r in data["rows"]:
+        s = r["stamps_us"]
+        start, tail = s["tile0_landed"], s["end"] - s["loop_done"]
+        out(f"{r['H']:>3}{r['d']:>4}{r['Nq']:>5}{r['L']:>6}{'':>7}  {start:.2f} + {tail:.2f} of "
+            f"{s['end']:.2f} us: {(start + tail) / s['end']:.0%}")  # fmt: skip
     return out.lines

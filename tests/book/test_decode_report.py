@@ -108,6 +108,45 @@ def test_timing_report_reads_every_file(run):
     assert missing[0].startswith("no recorded profile")
 
 
+def test_prefill_stamps_print_every_row_and_its_share(tmp_path):
+    data = json.loads((RESULTS / "gpu_prefill_stamps.json").read_text())
+    lines = timing.prefill_stamps(RESULTS / "gpu_prefill_stamps.json")
+    assert data["meta"]["commit"][:7] in lines[1]
+    rows = [ln for ln in lines if "|" in ln][1:]  # the table, under its header
+    assert len(rows) == len(data["rows"])
+    for r, ln in zip(data["rows"], rows, strict=True):
+        cells = ln.replace("|", " ").split()
+        assert [int(x) for x in cells[:5]] == [r["H"], r["d"], r["Nq"], r["L"], r["blocks"]]
+        want = [r["stamps_us"][k] for _, k in timing.STAMP_COLUMNS] + [r["last_end_us"]]
+        assert [float(x) for x in cells[5:]] == pytest.approx(want, abs=0.005)
+    # the share: made-up stamps, 2 us before the first tile, 1 after the last, of 6
+    made = {
+        "meta": {**data["meta"]},
+        "rows": [
+            {
+                **data["rows"][0],
+                "stamps_us": {
+                    **data["rows"][0]["stamps_us"],
+                    "tile0_landed": 2.0,
+                    "loop_done": 5.0,
+                    "end": 6.0,
+                },
+            }
+        ],
+    }
+    (tmp_path / "s.json").write_text(json.dumps(made))
+    assert timing.prefill_stamps(tmp_path / "s.json")[-1].endswith("2.00 + 1.00 of 6.00 us: 50%")
+    assert timing.prefill_stamps(tmp_path / "none.json")[0].startswith("no recorded stamps")
+
+
+def test_serving_provenance_says_when_the_gpu_differs(serving):
+    gpu = serving["meta"]["gpu"]
+    same = dr.serving_provenance_lines(serving, "x", ("the decode run", gpu))
+    assert same == dr.serving_provenance_lines(serving, "x")
+    other = "\n".join(dr.serving_provenance_lines(serving, "x", ("the decode run", "GPU Z")))
+    assert "another GPU than the decode run (GPU Z)" in other
+
+
 def test_packed_rows_follow_the_kernel():
     rows = figs.packed_rows(4, 3)  # row R = g Nq + i, zeros past G Nq
     assert rows[:12] == [(g, i) for g in range(4) for i in range(3)]
