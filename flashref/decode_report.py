@@ -235,13 +235,13 @@ def serving_provenance_lines(data: dict, where: str, beside: tuple[str, str] | N
            f"  SM clock {c['min_mhz']}-{c['max_mhz']} MHz over {c['samples']} samples during "
            "the run"]  # fmt: skip
     sources = {**m["sources"], **m.get("other_sources", {})}
-    out += textwrap.wrap("sources: " + ", ".join(f"{k} {v}" for k, v in sources.items()), 74,
+    out += textwrap.wrap("sources: " + ", ".join(f"{k} {v}" for k, v in sources.items()), 86,
                          initial_indent="  ", subsequent_indent="    ")  # fmt: skip
-    out += textwrap.wrap(m["timing"], 74, initial_indent="  ", subsequent_indent="  ")
+    out += textwrap.wrap(m["timing"], 86, initial_indent="  ", subsequent_indent="  ")
     if beside is not None and beside[1] != m["gpu"]:
         out += textwrap.wrap(
             f"another GPU than {beside[0]} ({beside[1]}): compare the two by their ratios, "
-            "each to a baseline of its own run, not by GB/s or times", 74,
+            "each to a baseline of its own run, not by GB/s or times", 86,
             initial_indent="  ", subsequent_indent="  ")  # fmt: skip
     return out
 
