@@ -607,12 +607,16 @@ def prefill_stamps(path):
     out(f"  commit {m['commit'][:7]}, {sources}")
     out(f"  SM clock {min(mhz):,.0f}-{max(mhz):,.0f} MHz (the stamps' cycles over %globaltimer)")
     out("us from a block's start, median over the blocks; one split, fp16, pages of 128, B = 1")
+
+    def chunk(r):  # the chunk's shape, the first columns of every row below
+        return f"{r['H']:>3}{r['d']:>4}{r['Nq']:>5}{r['L']:>6}"
+
     out(f"{'H':>3}{'d':>4}{'Nq':>5}{'L':>6}{'blocks':>7}"
         + "".join(f"{c:>7}" for c, _ in STAMP_COLUMNS[:3]) + " |"
         + "".join(f"{c:>6}" for c, _ in STAMP_COLUMNS[3:]) + f"{'last':>6}")  # fmt: skip
     for r in data["rows"]:
         s = r["stamps_us"]
-        out(f"{r['H']:>3}{r['d']:>4}{r['Nq']:>5}{r['L']:>6}{r['blocks']:>7}"
+        out(f"{chunk(r)}{r['blocks']:>7}"
             + "".join(f"{s[k]:>7.2f}" for _, k in STAMP_COLUMNS[:3]) + " |"
             + "".join(f"{s[k]:>6.2f}" for _, k in STAMP_COLUMNS[3:])
             + f"{r['last_end_us']:>6.2f}")  # fmt: skip
@@ -624,6 +628,6 @@ def prefill_stamps(path):
     for r in data["rows"]:
         s = r["stamps_us"]
         start, tail = s["tile0_landed"], s["end"] - s["loop_done"]
-        out(f"{r['H']:>3}{r['d']:>4}{r['Nq']:>5}{r['L']:>6}{'':>7}  {start:.2f} + {tail:.2f} of "
+        out(f"{chunk(r)}{'':>7}  {start:.2f} + {tail:.2f} of "
             f"{s['end']:.2f} us: {(start + tail) / s['end']:.0%}")  # fmt: skip
     return out.lines

@@ -110,6 +110,8 @@ def test_timing_report_reads_every_file(run):
 
 def test_prefill_stamps_print_every_row_and_its_share(tmp_path):
     data = json.loads((RESULTS / "gpu_prefill_stamps.json").read_text())
+    # the columns name every stamp the tool records, in its order (a renamed stamp fails here)
+    assert [k for _, k in timing.STAMP_COLUMNS] == data["meta"]["stamps"]
     lines = timing.prefill_stamps(RESULTS / "gpu_prefill_stamps.json")
     assert data["meta"]["commit"][:7] in lines[1]
     rows = [ln for ln in lines if "|" in ln][1:]  # the table, under its header
