@@ -9,8 +9,6 @@ K or V is ever made.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -287,8 +285,7 @@ def test_shapes_that_do_not_group_are_refused_before_any_work(
         call = lambda: fn(q, k, v, world_size=1)  # noqa: E731
     else:
         call = lambda: fn(q, k, v)  # noqa: E731
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         expect(ValueError, call, *needles)
 
 

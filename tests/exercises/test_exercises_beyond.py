@@ -8,11 +8,11 @@ solution has a single mistake, which the checker must name on every case it name
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
 from exercise_report import assert_named, assert_not_implemented_line
+from reference import no_warnings
 
 from flashref import SoftmaxState
 from flashref.exercises import _beyond_mistakes as bm
@@ -21,8 +21,7 @@ from flashref.exercises import check_l2_walk, check_lazy_update, check_warp_tile
 
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         yield
 
 

@@ -6,11 +6,10 @@ the checker must fail it and name that mistake on every case it names anything.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 from exercise_report import assert_named
+from reference import no_warnings
 
 import flashref
 import flashref.exercises
@@ -22,8 +21,7 @@ from flashref.exercises._report import NOT_IMPLEMENTED, PRECISION
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
     """A checker must not warn on its own, whatever it is given (as under python -W error)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         yield
 
 

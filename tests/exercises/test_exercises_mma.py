@@ -8,11 +8,10 @@ anything.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 from exercise_report import assert_named, assert_not_implemented_line, flat
+from reference import no_warnings
 
 import flashref.exercises
 from flashref.exercises import _mma_mistakes as mm
@@ -23,8 +22,7 @@ from flashref.exercises._report import NOT_IMPLEMENTED
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
     """A checker must not warn on its own, whatever it is given (as under python -W error)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         yield
 
 

@@ -9,10 +9,9 @@ The checkers also keep the rules every checker follows (test_exercises_rules.py)
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
+from reference import no_warnings
 
 import flashref
 import flashref.exercises
@@ -30,8 +29,7 @@ def flat(result) -> str:
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
     """A checker must not warn on its own, whatever it is given (as under python -W error)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         yield
 
 

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from reference import no_warnings
 
 import flashref
 import flashref.exercises
@@ -70,8 +71,7 @@ class Unconvertible:
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
     """A checker must not warn on its own, whatever it is given (as under python -W error)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         yield
 
 

@@ -8,11 +8,11 @@ mistake on every case it names anything.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
 from exercise_report import assert_named, assert_not_implemented_line
+from reference import no_warnings
 
 from flashref import io_model as io
 from flashref.exercises import _traffic_mistakes as tm
@@ -21,8 +21,7 @@ from flashref.exercises import check_crossing_memory, check_l2_fit, check_q_oute
 
 @pytest.fixture(autouse=True)
 def every_warning_is_an_error():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         yield
 
 
