@@ -1,11 +1,11 @@
 """One NumPy warning flashref does not pass on: "invalid value encountered in matmul".
 
-NumPy reports the CPU's floating-point flags after each matrix product, and some
-OpenBLAS kernels raise the invalid-operation flag on finite inputs, from vector lanes
-that hold no element of the product: the result is right, only the flag is stray. It
-depends on the CPU, on which kernel OpenBLAS picks for it, and on what ran before, so
-a product such as a (1, 5) @ (5, 7) block can warn on one machine and never on another
-(known for years upstream: numpy/numpy#13173 and #24067, OpenMathLib/OpenBLAS#1924).
+NumPy reports the CPU's floating-point flags after each matrix product, and OpenBLAS
+kernels have raised the invalid-operation flag on finite inputs whose product is right
+(numpy/numpy#13173 and #24067, OpenMathLib/OpenBLAS#1924). Which kernel runs depends on
+the CPU, so it shows on some machines only: on one, the (1, 5) @ (5, 7) products of the
+backward's tests warned, in flashref's tiled backward and in the tests' own textbook
+backward alike, and the latter's gradients still met their error bound.
 
 Inside flashref that warning says nothing about the result. A product of finite
 numbers can only come out NaN by first overflowing to infinity, and "overflow
@@ -23,7 +23,7 @@ MESSAGE = "invalid value encountered in matmul"
 def ignore_stray_matmul_flag() -> None:
     """Put the filter in front of the current warning filters. flashref does so on import;
     an import inside ``warnings.catch_warnings()`` (as under pytest) loses it when the block
-    ends, so the tests put it back inside their warnings-are-errors blocks."""
+    ends."""
     warnings.filterwarnings(
         "ignore", message=MESSAGE, category=RuntimeWarning, module=r"flashref\."
     )
