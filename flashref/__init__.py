@@ -27,7 +27,7 @@ in ``python -m flashref.bench``, and the IO model of Theorem 2 (bytes moved
 between HBM and on-chip memory, by loop order) in ``flashref.io_model``.
 """
 
-from ._blas_flags import ignore_stray_matmul_flag
+from . import _blas_flags
 from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
 from .backward import naive_attention_backward, tiled_attention_backward
 from .decode import KVSplit, split_bounds, split_kv_attention
@@ -61,4 +61,4 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-ignore_stray_matmul_flag()  # a CPU-dependent OpenBLAS flag, not a NaN: see _blas_flags
+_blas_flags.ignore_stray_matmul_flag()  # a CPU-dependent OpenBLAS flag, not a NaN: see _blas_flags

@@ -14,10 +14,10 @@ from flashref._blas_flags import MESSAGE, ignore_stray_matmul_flag
 
 
 @contextlib.contextmanager
-def no_warnings():
+def as_after_import_under_w_error():
     """The filters of ``python -W error`` after ``import flashref``: every warning is an
-    error but the one flashref drops from its own modules (the tests' shared helper of the
-    same name drops it everywhere, so it cannot show the scope)."""
+    error but the one flashref drops from its own modules (the tests' shared no_warnings()
+    drops it everywhere, so it cannot show the scope)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ignore_stray_matmul_flag()
@@ -58,27 +58,28 @@ def test_importing_flashref_drops_the_flag_from_its_products_only():
 
 
 def test_invalid_flag_in_a_flashref_module_is_dropped():
-    with no_warnings():
+    with as_after_import_under_w_error():
         out = product_in("flashref.attention", *INVALID)
     assert np.isnan(out[0, 0])  # the NaN itself stays in the result
 
 
 @pytest.mark.parametrize("module_name", ["__main__", "tests.core.test_blas_flags", "flashrefx"])
 def test_invalid_flag_elsewhere_still_warns(module_name):
-    with no_warnings(), pytest.raises(RuntimeWarning, match=MESSAGE):
+    with as_after_import_under_w_error(), pytest.raises(RuntimeWarning, match=MESSAGE):
         product_in(module_name, *INVALID)
 
 
 def test_overflow_in_a_flashref_module_still_warns():
     big = np.array([[1e300, 1e300]])
-    with no_warnings(), pytest.raises(RuntimeWarning, match="overflow encountered in matmul"):
+    overflow = "overflow encountered in matmul"
+    with as_after_import_under_w_error(), pytest.raises(RuntimeWarning, match=overflow):
         product_in("flashref.attention", big, big.T)
 
 
 def test_other_invalid_values_in_a_flashref_module_still_warn():
     scope = {"__name__": "flashref.softmax", "np": np}
     with (
-        no_warnings(),
+        as_after_import_under_w_error(),
         pytest.raises(RuntimeWarning, match="invalid value encountered in subtract"),
     ):
         exec("np.array([np.inf]) - np.array([np.inf])", scope)  # noqa: S102
