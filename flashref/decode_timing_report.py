@@ -608,10 +608,12 @@ def prefill_stamps(path):
     out(f"  SM clock {min(mhz):,.0f}-{max(mhz):,.0f} MHz (the stamps' cycles over %globaltimer)")
     out("us from a block's start, median over the blocks; one split, fp16, pages of 128, B = 1")
 
-    def chunk(r):  # the chunk's shape, the first columns of every row below
-        return f"{r['H']:>3}{r['d']:>4}{r['Nq']:>5}{r['L']:>6}"
+    shape = (("H", 3), ("d", 4), ("Nq", 5), ("L", 6))  # the chunk's columns, and widths
 
-    out(f"{'H':>3}{'d':>4}{'Nq':>5}{'L':>6}{'blocks':>7}"
+    def chunk(r):  # the chunk's shape, the first columns of every row below
+        return "".join(f"{r[k]:>{w}}" for k, w in shape)
+
+    out("".join(f"{k:>{w}}" for k, w in shape) + f"{'blocks':>7}"
         + "".join(f"{c:>7}" for c, _ in STAMP_COLUMNS[:3]) + " |"
         + "".join(f"{c:>6}" for c, _ in STAMP_COLUMNS[3:]) + f"{'last':>6}")  # fmt: skip
     for r in data["rows"]:
