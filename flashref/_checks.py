@@ -130,12 +130,14 @@ def check_axis(axis, ndim: int, name: str = "x") -> int:
     return int(axis) % ndim
 
 
-def check_block(size, name: str, minimum: int = 1) -> int:
-    """A tile or block size (or another count): an int (NumPy ints too) of at least ``minimum``."""
+def check_block(size, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """A tile or block size, a count or an index: an int (NumPy ints too, not a bool) of at
+    least ``minimum`` and, where ``maximum`` is given, at most ``maximum``."""
     if isinstance(size, bool) or not isinstance(size, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(size).__name__}")
-    if size < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {size}")
+    if size < minimum or (maximum is not None and size > maximum):
+        span = f"in {minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be {span}, got {size}")
     return int(size)
 
 

@@ -1,6 +1,6 @@
 """GPU benchmark of the backward pass: flashref's backward versions beside SDPA FLASH and cuDNN.
 
-    python -m flashref.bench gpu --backward [--out results/gpu_backward.json] [--rounds 5]
+    python -m flashref.bench backward [--out results/gpu_backward.json] [--rounds 5]
                                  [--d 64 128] [--n 1024 4096 16384] [--dtypes float16 bfloat16]
                                  [--versions 1 2 ...]
 
@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli
 from ._common import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
 from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version, tree
@@ -50,7 +49,7 @@ SDPA = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 BWD_FLOP_FACTOR = 2.5
 
 
-PROG = "python -m flashref.bench gpu --backward"
+PROG = "python -m flashref.bench backward"
 
 
 def _time(run, make_event, repeats: int = REPEATS, warmup: int = 2):
@@ -315,7 +314,3 @@ def main(argv: list[str] | None = None) -> int:
     write_json(result, args.out)
     print(f"\nwrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

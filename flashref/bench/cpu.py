@@ -29,7 +29,6 @@ import numpy as np
 
 from flashref.attention import naive_attention, tiled_attention
 
-from . import cli
 from .cli import ArgumentParser
 
 D = 64
@@ -397,7 +396,3 @@ def main(argv: list[str] | None = None) -> int:
         " the warm-up calls."
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

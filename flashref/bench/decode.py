@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gpu.decode import VERSIONS
-from . import cli
+from ..recorded.decode import impl_names
 from ._common import ClockSampler, _import_torch, _median_ms
 from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version, tree
@@ -147,12 +147,6 @@ def _inputs(cp, B, Hkv, Nk, dtype, seed, d=D):
         for b in range(B):  # no float32 copy of the whole cache at once
             x[b] = rng.standard_normal((Hkv, Nk, d), dtype=cp.float32).astype(dtype)
     return q, k, v
-
-
-def impl_names(version: int) -> tuple[str, str]:
-    """The rows of a decode version: contiguous and paged (version 1 keeps its plain names)."""
-    tail = "" if version == 1 else f"_v{version}"
-    return f"flashref{tail}", f"flashref_paged{tail}"
 
 
 def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
@@ -529,7 +523,3 @@ def main(argv: list[str] | None = None) -> int:
     write_json(result, args.out)
     print(f"\nwrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-from . import cli
 from .cli import ArgumentParser
 from .timing.call_time import host_us, kernel_us
 
@@ -23,7 +22,7 @@ SHAPES = ((1, 32, 4096), (1, 8, 4096), (1, 8, 32768), (8, 32, 4096))  # (B, Hkv,
 HQ, D = 32, 128
 
 
-PROG = "python -m flashref.bench.decode_host_time"
+PROG = "python -m flashref.bench decode_host_time"
 
 
 def shape_rows(cp, torch, B, Hkv, Nk, versions, calls) -> None:
@@ -87,7 +86,3 @@ def main(argv=None) -> int:
     for B, Hkv, Nk in SHAPES:
         shape_rows(cp, torch, B, Hkv, Nk, args.versions, args.calls)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli.run(main, PROG))

@@ -1,6 +1,6 @@
 """GPU time of one decode call for each split count, replayed from a CUDA graph, beside cuDNN.
 
-    python flashref/bench/decode_split_sweep.py [--versions 4 5 6] [--dtype float16] [--d 128]
+    python -m flashref.bench decode_split_sweep [--versions 4 5 6] [--dtype float16] [--d 128]
                                        [--out PATH]
 
 For the shapes where the split count matters (few sequences or short caches; Hq = 32, Nq = 1,
@@ -19,7 +19,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import cli
 from .cli import ArgumentParser
 
 SHAPES = ((1, 8, 4096), (1, 32, 4096), (8, 8, 4096), (32, 32, 4096), (1, 8, 32768),
@@ -28,7 +27,7 @@ HQ = 32
 REPLAYS = 5
 
 
-PROG = "python -m flashref.bench.decode_split_sweep"
+PROG = "python -m flashref.bench decode_split_sweep"
 
 
 def candidates(auto: int, top: int) -> list[int]:
@@ -119,7 +118,3 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

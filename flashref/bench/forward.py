@@ -24,7 +24,7 @@ kernels run. The cold first call is measured in fresh subprocesses whose ``CUPY_
 names an empty folder before CuPy is imported (compile + load + run), and again in a second
 process that finds the compiled modules in that folder (load + run).
 Writes JSON (schema in ``write_json``) to ``results/gpu_bench.json`` or ``--out``.
-``--backward`` runs only the backward benchmark instead (``flashref.bench.backward``).
+The backward's benchmark is ``python -m flashref.bench backward``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli
 from ._common import (
     HEADS,
     REPEATS,
@@ -364,10 +363,6 @@ def write_json(result: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--backward" in argv:
-        from .backward import main as backward_main  # the backward tables alone
-
-        return backward_main([a for a in argv if a != "--backward"])
     parser = ArgumentParser(
         prog=PROG,
         description=__doc__,
@@ -383,9 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-call subprocesses")
     parser.add_argument("--versions", type=int, nargs="+",
                         help="only these kernel versions (the baselines always run)")  # fmt: skip
-    parser.add_argument("--backward", action="store_true",
-                        help="run only the backward benchmark (flashref.bench.backward; "
-                             "--backward --help for its options)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/gpu_bench.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -399,7 +391,3 @@ def main(argv: list[str] | None = None) -> int:
     write_json(result, args.out)
     print(f"\nwrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

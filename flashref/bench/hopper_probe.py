@@ -1,7 +1,7 @@
 """Runs one stage of ``flashref/kernels/probes/probe_wgmma.cu``; says what, if anything, is
 wrong.
 
-    python -m flashref.bench.hopper_probe tma|pipeline|ss_hand|ss_tma|rs --dtype float16 --n 64
+    python -m flashref.bench hopper_probe tma|pipeline|ss_hand|ss_tma|rs --dtype float16 --n 64
 
 prints one JSON line: ``{"stage", "dtype", "n", "ok", "checks": [[name, ok, detail], ...]}``.
 One stage per process, because an illegal wgmma poisons the CUDA context and a barrier bug
@@ -17,9 +17,10 @@ import json
 
 import numpy as np
 
-from ..gpu.models import hopper as hp
 from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
+from ..gpu.tma import tensor_map
 from ..gpu.tolerances import tolerance
+from ..hardware import hopper as hp
 from .cli import ArgumentParser
 
 STAGES = ("tma", "pipeline", "ss_hand", "ss_tma", "rs")
@@ -29,7 +30,7 @@ S_BOUND = 64 * 2.0**-23  # fp32 accumulation of 64 exact products, elementwise
 SHOW = 5  # mismatching elements printed
 
 
-PROG = "python -m flashref.bench.hopper_probe"
+PROG = "python -m flashref.bench hopper_probe"
 
 
 def source() -> str:
@@ -138,7 +139,7 @@ def stage_tma(dtype: str, n: int) -> list:
         out = cp.full(n * 64, 0xFFFF, dtype=cp.uint16)  # poisoned
         flags = cp.zeros(2, dtype=cp.int32)
         fn = module.get_function("probe_tma")
-        fn((1,), (128,), (hp.tensor_map(x, n), out, np.int32(n), np.int32(row0), flags))
+        fn((1,), (128,), (tensor_map(x, n), out, np.int32(n), np.int32(row0), flags))
         cp.cuda.runtime.deviceSynchronize()
         got = cp.asnumpy(out)
         box = np.zeros((n, 64), np.uint16)
@@ -173,7 +174,7 @@ def stage_pipeline(dtype: str) -> list:
     out = cp.full((T, 64 * 64), 0xFFFF, dtype=cp.uint16)  # poisoned
     flags = cp.zeros(2, dtype=cp.int32)
     module.get_function("probe_pipeline")(
-        (1,), (128,), (hp.tensor_map(x, 64), out, np.int32(T), flags)
+        (1,), (128,), (tensor_map(x, 64), out, np.int32(T), flags)
     )
     cp.cuda.runtime.deviceSynchronize()
     got = cp.asnumpy(out)
@@ -197,7 +198,7 @@ def _run_ss(dtype: str, n: int, tma: bool, Q, K):
     S = cp.full((64, n), np.nan, dtype=cp.float32)
     if tma:
         flags = cp.zeros(2, dtype=cp.int32)
-        args = (hp.tensor_map(q, 64), hp.tensor_map(k, n), raw, S, flags)
+        args = (tensor_map(q, 64), tensor_map(k, n), raw, S, flags)
         module.get_function(f"probe_ss_tma_n{n}")((1,), (128,), args)
     else:
         module.get_function(f"probe_ss_hand_n{n}")((1,), (128,), (q, k, raw, S))
@@ -254,7 +255,7 @@ def _run_rs(dtype: str, n: int, Q, K, V, lbo: int, sbo: int):
     raw = cp.full((128, n // 2), np.nan, dtype=cp.float32)
     O = cp.full((64, n), np.nan, dtype=cp.float32)
     flags = cp.zeros(2, dtype=cp.int32)
-    args = (hp.tensor_map(q, 64), hp.tensor_map(k, 64), hp.tensor_map(v, 64), raw, O,
+    args = (tensor_map(q, 64), tensor_map(k, 64), tensor_map(v, 64), raw, O,
             np.uint32(lbo), np.uint32(sbo), flags)  # fmt: skip
     module.get_function(f"probe_rs_n{n}")((1,), (128,), args)
     cp.cuda.runtime.deviceSynchronize()
@@ -323,7 +324,3 @@ def main(argv=None) -> None:
     ap.add_argument("--sbo", type=int, default=1024, help="V descriptor SBO in bytes (rs)")
     args = ap.parse_args(argv)
     print(json.dumps(run(args.stage, args.dtype, args.n, args.lbo, args.sbo)), flush=True)
-
-
-if __name__ == "__main__":
-    main()

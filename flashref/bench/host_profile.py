@@ -1,4 +1,4 @@
-"""Where the host time of a public call goes: ``python -m flashref.bench.host_profile``.
+"""Where the host time of a public call goes: ``python -m flashref.bench host_profile``.
 
 For each public call at ``bench calls``' tiny shapes (the kernels take microseconds, so the
 GPU waits for the host): the host's microseconds per call over ``--calls`` calls without a
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .cli import ArgumentParser
 
-PROG = "python -m flashref.bench.host_profile"
+PROG = "python -m flashref.bench host_profile"
 TOP = 18  # functions listed per call
 
 
@@ -253,11 +253,3 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    from . import cli
-
-    sys.exit(cli.run(main, PROG))

@@ -1,8 +1,8 @@
 """The PTX of every build of every kernel family, to show that a change of the sources' text
 (a move, a shared header, a file written out whole) leaves the compiled code as it was.
 
-    python -m flashref.bench.ptx_snapshot OUT                 # write OUT/<build>.ptx, manifest
-    python -m flashref.bench.ptx_snapshot OUT --compare BEFORE  # ... and compare with BEFORE
+    python -m flashref.bench ptx_snapshot OUT                 # write OUT/<build>.ptx, manifest
+    python -m flashref.bench ptx_snapshot OUT --compare BEFORE  # ... and compare with BEFORE
 
 A build is one (version, d, dtype) of the forward and backward registries, one (version, d,
 rows, dtype) of the decode versions, the backward's preprocess and dQ conversion, and each
@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +28,7 @@ from .cli import ArgumentParser
 SM90 = "-arch=sm_90"
 
 
-PROG = "python -m flashref.bench.ptx_snapshot"
+PROG = "python -m flashref.bench ptx_snapshot"
 
 
 def builds() -> list[tuple[str, str, list[str]]]:
@@ -124,7 +123,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"byte-identical to {args.compare}: {same}; other: {len(lines)}")
     print("\n".join(lines))
     return 1 if lines else 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

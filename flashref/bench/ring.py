@@ -1,8 +1,8 @@
 """Run ring attention on this machine's GPUs (NCCL) or CPUs (gloo), check it, time it.
 
-    torchrun --nproc-per-node 2 -m flashref.bench.ring --gpus 2 --seq 131072 [--layout zigzag]
+    torchrun --nproc-per-node 2 -m flashref.bench ring --gpus 2 --seq 131072 [--layout zigzag]
              [--causal] [--dtype bf16] [--check] [--no-multicast] [--out results/gpu_ring.json]
-    python -m flashref.bench.ring --cpu 3 --seq 96 --layout zigzag --causal --check
+    python -m flashref.bench ring --cpu 3 --seq 96 --layout zigzag --causal --check
 
 One process per device, each running ``flashref.ring.dist.ring_forward`` on its shard.
 Under ``torchrun`` (any number of nodes: its rendezvous, ``RANK``, ``WORLD_SIZE`` and
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -47,14 +46,14 @@ import numpy as np
 
 from .._checks import check_causal, check_qkv, check_scale
 from ..ring.simulate import _check_layout
-from . import cli, ring_check
+from . import ring_check
 from .cli import ArgumentParser
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 RTOL64 = 1e-12  # float64: see tests/ring/test_ring.py
 
 
-PROG = "python -m flashref.bench.ring"
+PROG = "python -m flashref.bench ring"
 
 
 # NVLink multicast (NVLS) off in NCCL, torch's symmetric memory and NVSHMEM: --no-multicast
@@ -355,7 +354,3 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0 if result.get("check", {}).get("passed", True) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

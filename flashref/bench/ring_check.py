@@ -1,4 +1,4 @@
-"""The GPU half of ``python -m flashref.bench.ring``: the check, the timings, the table.
+"""The GPU half of ``python -m flashref.bench ring``: the check, the timings, the table.
 
 ``check_gpu`` compares the gathered ring output with attention on the whole sequence,
 ``bench`` times the ring forward beside the single-GPU forward and reads each step's CUDA

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from ..gpu.registry import KERNEL_DIR, paste_includes
-from . import cli
 from .cli import ArgumentParser
 
 ROOF_DIR = KERNEL_DIR / "probes"  # the ceilings' microbenchmarks, beside the layout probes
@@ -151,7 +149,3 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

@@ -1,12 +1,12 @@
 """Run every kernel version once and compare it with the float64 reference.
 
-    python -m flashref.bench.selfcheck            # a few shapes, d = 64 and 128
-    python -m flashref.bench.selfcheck --small    # one small ragged shape per case (for
+    python -m flashref.bench selfcheck            # a few shapes, d = 64 and 128
+    python -m flashref.bench selfcheck --small    # one small ragged shape per case (for
                                                 # compute-sanitizer memcheck / racecheck)
-    python -m flashref.bench.selfcheck --decode   # only the split-KV decode kernels, small
+    python -m flashref.bench selfcheck --decode   # only the split-KV decode kernels, small
                                                 # ragged and paged cases (for the sanitizers)
-    python -m flashref.bench.selfcheck --backward [--small]   # the backward versions instead
-    python -m flashref.bench.selfcheck --prefill  # the chunked-prefill kernel (sm_90a), small
+    python -m flashref.bench selfcheck --backward [--small]   # the backward versions instead
+    python -m flashref.bench selfcheck --prefill  # the chunked-prefill kernel (sm_90a), small
                                                 # ragged paged cases, one and three key splits
 
 Prints one line per (version, d, causal) with the relative error
@@ -17,8 +17,6 @@ one line per (backward version, dtype, d, causal) with the relative errors of dq
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from flashref.attention import naive_attention
@@ -26,13 +24,12 @@ from flashref.backward import naive_attention_backward
 
 from ..gpu import BWD_VERSIONS, VERSIONS
 from ..gpu._runtime import _device_cc, _require_gpu
-from . import cli
 from .cli import ArgumentParser
 
 LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
 
 
-PROG = "python -m flashref.bench.selfcheck"
+PROG = "python -m flashref.bench selfcheck"
 
 
 def host_dtype(name: str):
@@ -144,7 +141,7 @@ def check_prefill() -> int:
     in reverse order, grouped heads), one and three key splits (some of them empty),
     bottom-right causal and none, against the float64 reference; returns failures."""
     cp = _require_gpu()
-    from ..gpu.prefill import paged_prefill_attention
+    from ..gpu.decode.prefill import paged_prefill_attention
 
     cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
     if cc != (9, 0):
@@ -240,7 +237,7 @@ def main_backward(args, cp) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m flashref.bench.selfcheck")
+    parser = ArgumentParser(prog="python -m flashref.bench selfcheck")
     parser.add_argument("--small", action="store_true", help="one small ragged shape per case")
     parser.add_argument("--versions", type=int, nargs="+", help="only these versions")
     parser.add_argument("--decode", action="store_true", help="only the decode kernels")
@@ -282,7 +279,3 @@ def main(argv: list[str] | None = None) -> int:
     cp.cuda.runtime.deviceSynchronize()
     print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

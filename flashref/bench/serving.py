@@ -22,7 +22,7 @@ each beside a baseline captured and replayed the same way in the same run:
   the same chunks with one split (``splits=1``), one causal ``flash_attention`` over the
   contiguous prompt and SDPA cuDNN's; B = 1, (H, d) = (32, 128) and (16, 64).
 - **Generation** (``generation``): the chapter 8 model (trained here for 300 steps with SDPA)
-  generating greedily with ``flashref.generate.PagedGenerator`` beside
+  generating greedily with ``flashref.transformer.generate.PagedGenerator`` beside
   ``StaticSDPAGenerator``, B = 1 and 32: tokens per second of the replayed steps, the tokens'
   agreement, and the host-device copies the profiler sees in the replay loop.
 
@@ -40,7 +40,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from . import cli
 from ._common import ClockSampler, _import_torch
 from .cli import ArgumentParser
 from .provenance import provenance, source_hash
@@ -234,7 +233,7 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
 
     from flashref.gpu import flash_attention
     from flashref.gpu._launch import device_facts as gpu_facts
-    from flashref.gpu.prefill import BC, BR, default_splits, paged_prefill_attention
+    from flashref.gpu.decode.prefill import BC, BR, default_splits, paged_prefill_attention
 
     torch, cp = ctx["torch"], ctx["cp"]
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -274,7 +273,7 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     row["rel_diff_to_one_forward"] = float((got - want).norm() / want.norm())
     # what each chunk's kernels take (the profiler's device times, one eager prompt), beside
     # the key tiles of each chunk's longest work tile: a fixed cost per launch and a cost per
-    # tile (flashref.decode_report.prefill_fit)
+    # tile (flashref.recorded.decode.prefill_fit)
     sms = gpu_facts()[2]
     for name, splits in (("default", None), ("one_split", 1)):
         kernels = _device_times(torch, lambda s=splits: chunked(s))
@@ -309,7 +308,7 @@ def _device_times(torch, fn) -> list[tuple[str, float]]:
 def _longest_tiles(L: int, Nq: int, H: int, splits, capacity: int, sms: int) -> int:
     """Key tiles of the longest work tile of one chunk (B = 1, bottom-right causal): the
     kernel's split rule (``split_tile`` in paged_prefill.cu) on the host."""
-    from flashref.gpu.prefill import BC, BR, default_splits
+    from flashref.gpu.decode.prefill import BC, BR, default_splits
 
     Tr = -(-Nq // BR)
     S = splits or default_splits(Tr * H, -(-capacity // BC), sms)
@@ -333,7 +332,7 @@ def _gaps(torch, model, prompts, a, b, first) -> list:
     the head in float32: ``generate.greedy_logits``) over the prompt and the common prefix;
     None where they never part. A gap near zero is a near tie, where rounding decides the
     greedy choice."""
-    from flashref.generate import greedy_logits
+    from flashref.transformer.generate import greedy_logits
 
     out = []
     for i, j in enumerate(first):
@@ -349,9 +348,9 @@ def _gaps(torch, model, prompts, a, b, first) -> list:
 
 def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
     """The chapter 8 model, trained, generating greedily with each generator."""
-    from flashref.booktext import CharCorpus, book_text
-    from flashref.charmodel import VAL_SEED, Config, train
-    from flashref.generate import GENERATORS, generator
+    from flashref.transformer.booktext import CharCorpus, book_text
+    from flashref.transformer.generate import GENERATORS, generator
+    from flashref.transformer.model import VAL_SEED, Config, train
 
     torch = ctx["torch"]
     cfg = Config()
@@ -491,7 +490,3 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

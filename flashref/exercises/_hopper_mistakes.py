@@ -3,13 +3,13 @@
 Every answer here is an integer (a register's place, a byte offset, a barrier's parity, a
 count of commit groups), so a mistake is recognised by giving exactly the reader's answer
 on a case where it differs from the right one. The right answers are the models of
-``flashref.gpu.models.hopper`` and the kernels' own rules (``hopper_common.cuh``,
+``flashref.hardware.hopper`` and the kernels' own rules (``hopper_common.cuh``,
 ``v20_warp_specialised.cu``, ``v21_overlap.cu``).
 """
 
 from __future__ import annotations
 
-from ..gpu.models import hopper as hp
+from ..hardware import hopper as hp
 
 # --- the wgmma accumulator ---------------------------------------------------------------------
 

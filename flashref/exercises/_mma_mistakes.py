@@ -2,7 +2,7 @@
 
 An answer is a ``(row, col)`` pair of ints, so a mistake is recognised by giving exactly the
 reader's answer at every point of a case. The right answers are
-``flashref.gpu.models.fragments.mma_a`` and ``mma_c``; each wrong map below is the right
+``flashref.hardware.fragments.mma_a`` and ``mma_c``; each wrong map below is the right
 one, written as a formula in ``g = lane // 4`` and ``t = lane % 4``, with one thing changed.
 """
 

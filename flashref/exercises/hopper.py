@@ -21,7 +21,7 @@ groups a warpgroup has issued, oldest first, and wants the largest ``N`` for whi
 ``wgmma.wait_group N`` guarantees that group ``needed`` has completed.
 
 The answers are integers and are compared exactly with the models of
-``flashref.gpu.models.hopper`` and the kernels' rules; a wrong answer is checked against the
+``flashref.hardware.hopper`` and the kernels' rules; a wrong answer is checked against the
 mistakes of ``_hopper_mistakes``, and the two barrier checkers and ``check_wait_group`` also
 say what the wrong wait would do on the GPU (hang, read a buffer early, read accumulators in
 flight, or wait for nothing). ``tests/exercises/test_exercises_hopper.py`` plants each mistake.
@@ -29,7 +29,7 @@ flight, or wait for nothing). ``tests/exercises/test_exercises_hopper.py`` plant
 
 from __future__ import annotations
 
-from ..gpu.models import hopper as hp
+from ..hardware import hopper as hp
 from . import _hopper_mistakes as hm
 from ._exact import _check
 from ._report import CheckResult

@@ -7,7 +7,7 @@ registers c0..c3, one value each, ``half`` always 0) of ``mma.sync.aligned.m16n8
 wants the ``(row, col)`` of the element that half of that register holds (for A, ``col`` is
 ``k``).
 
-The answers are compared exactly with ``flashref.gpu.models.fragments`` (``mma_a``,
+The answers are compared exactly with ``flashref.hardware.fragments`` (``mma_a``,
 ``mma_c``), which ``tests/gpu/test_fragments.py`` checks against the PTX ISA's formulas and, on
 a GPU, against what a probe kernel's lanes hold; a wrong map is checked against the mistakes
 of ``_mma_mistakes`` (``tests/exercises/test_exercises_mma.py`` plants each).
@@ -15,7 +15,7 @@ of ``_mma_mistakes`` (``tests/exercises/test_exercises_mma.py`` plants each).
 
 from __future__ import annotations
 
-from ..gpu.models import fragments as fr
+from ..hardware import fragments as fr
 from . import _mma_mistakes as mm
 from ._exact import _check
 from ._report import CheckResult

@@ -32,10 +32,10 @@ from .decode import (
     decode_attention,
     decode_plan,
     paged_decode_attention,
+    paged_prefill_attention,
 )
 from .forward import flash_attention
 from .forward_versions import HOPPER_PREFERENCE, PREFERENCE, VERSIONS, Version
-from .prefill import paged_prefill_attention
 from .registry import KERNEL_DIR
 
 __all__ = [

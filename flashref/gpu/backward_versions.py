@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..hardware.backward_grid import BackwardGrid, BackwardTiles, tiles_grid
 from .registry import KERNEL_DIR, KernelVersion, paste_includes, registered, version_diff
 
 PRE_POST_FILE = "backward/pre_post.cu"  # bwd_preprocess and bwd_dq_convert
@@ -225,7 +226,7 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 
 # version=None picks, for each (dtype, d, causal), the backward version whose worst ratio to the
 # fastest over the sequence lengths of the recorded run, results/gpu_backward.json, is highest
-# (flashref.recorded.best_backward, the book's one rule: flashref.reporting.best_worst_case): on
+# (flashref.recorded.defaults.best_backward, the book's one rule, best_worst_case): on
 # compute capability 9.0 among every version (BWD_HOPPER_PREFERENCE), on any other GPU among
 # those that run there, the ones not built for sm_90a (BWD_PREFERENCE). A test checks both
 # tables against the file.
@@ -267,3 +268,15 @@ def kernel_diff(old: int, new: int) -> str:
     a = registered(BWD_VERSIONS, old, "old")
     b = registered(BWD_VERSIONS, new, "new")
     return version_diff(a, b)
+
+
+def backward_tiles(number: int) -> BackwardTiles:
+    """What backward version ``number`` fixes of its grid (``flashref.hardware.backward_grid``):
+    its tiles and how it adds dQ."""
+    v = registered(BWD_VERSIONS, number, "number")
+    return BackwardTiles(v.number, v.Bc, v.Br, v.dq_adds_per_tile, not v.deterministic_dq)
+
+
+def version_grid(number: int, Nq: int, Nk: int, causal: bool = False) -> BackwardGrid:
+    """``backward_grid`` with backward version ``number``'s tiles and way of adding dQ."""
+    return tiles_grid(backward_tiles(number), Nq, Nk, causal)

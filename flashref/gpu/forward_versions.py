@@ -207,8 +207,8 @@ VERSIONS: dict[int, Version] = {
 
 # version=None picks, for each (dtype, d, causal), the version whose worst ratio to the fastest
 # version over N = 1024 ... 16384 is highest in the recorded run (results/gpu_bench.json;
-# flashref.reporting.best_worst_case, the book's one rule; a test checks that this table still
-# says what that file says). float32 inputs of any head dim take version 2.
+# flashref.recorded.defaults.best_worst_case, the book's one rule; a test checks that this
+# table still says what that file says). float32 inputs of any head dim take version 2.
 PREFERENCE: dict[tuple[str, int | None, bool], int] = {
     **{("float32", None, c): 2 for c in (False, True)},
     ("float16", 64, False): 14,
@@ -268,3 +268,14 @@ def kernel_diff(old: int, new: int) -> str:
     new file has them, ``-`` for the old version's lines and ``+`` for the new one's.
     """
     return version_diff(registered(VERSIONS, old, "old"), registered(VERSIONS, new, "new"))
+
+
+def lds_of(version: int, d: int) -> int:
+    """The shared-memory row stride, in elements, of ``mma.sync`` version ``version`` at head
+    dim ``d``: ``d``, or ``d + 8`` where the version pads its rows (version 4 on); what
+    ``flashref.hardware.banks`` takes as ``lds``."""
+    if version not in VERSIONS or VERSIONS[version].arch:
+        raise ValueError(f"version must be one of the mma.sync versions 3..18, got {version!r}")
+    if VERSIONS[version].dtype == "float32":
+        raise ValueError(f"version {version} is fp32 and does not use ldmatrix")
+    return d + 8 if VERSIONS[version].padded else d

@@ -13,6 +13,10 @@ to the first after it containing ``stop``, each ``(a, b)`` of ``fold`` kept as i
 (a comment saying what the block does) and a count of the lines up to the one containing
 ``b``, and lines containing a string of ``drop`` (``#pragma unroll``) left out.
 
+``kernel_change(old, new, family)``: what changed in the code from one version to the next,
+the registry's ``kernel_diff`` without the hunks that only rename the kernel
+(``drop_renames``).
+
 Paths are relative to ``flashref/kernels`` (``KERNEL_DIR``) or absolute. The text is read
 from the files each time, so a chapter prints what the sources hold today.
 """
@@ -22,9 +26,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .._checks import check_block
+from . import backward_versions, forward_versions
 from .registry import KERNEL_DIR
 
-__all__ = ["section", "function", "hunks", "lines"]
+__all__ = ["section", "function", "hunks", "lines", "drop_renames", "kernel_change"]
 
 SECTION = "// ----"
 
@@ -122,3 +128,49 @@ def lines(path, start: str, stop: str, fold=(), drop=()) -> str:
         indent = body[i][: len(body[i]) - len(body[i].lstrip())]
         body[i + 1 : j] = [f"{indent}// ... {j - i - 1} lines"]
     return "\n".join(body)
+
+
+def drop_renames(diff: str, old: int, new: int, kernel: str = "flash_v") -> str:
+    """``diff`` (a ``kernel_diff`` of the forward or backward registry) without the hunks
+    whose only change is the kernel's name, ``{kernel}{old}`` to ``{kernel}{new}``
+    (``kernel`` is ``"flash_v"`` for the forward versions, ``"flash_bwd"`` for the
+    backward ones)."""
+    if not isinstance(diff, str):
+        raise TypeError(f"diff is a {type(diff).__name__}; expected the text of a kernel diff")
+    old, new = check_block(old, "old"), check_block(new, "new")
+    if kernel not in KERNEL_PREFIX.values():
+        raise ValueError(f"kernel = {kernel!r}; expected one of {list(KERNEL_PREFIX.values())}")
+    head, hunks = [], []
+    for line in diff.splitlines():
+        if line.startswith("@@"):
+            hunks.append([line])
+        elif hunks:
+            hunks[-1].append(line)
+        else:
+            head.append(line)
+
+    def renames_only(hunk):
+        minus = [x[1:] for x in hunk[1:] if x.startswith("-")]
+        plus = [x[1:] for x in hunk[1:] if x.startswith("+")]
+        renamed = [x.replace(f"{kernel}{old}(", f"{kernel}{new}(") for x in minus]
+        return len(minus) == len(plus) > 0 and renamed == plus
+
+    kept = [line for hunk in hunks if not renames_only(hunk) for line in hunk]
+    return "\n".join(head + kept)
+
+
+KERNEL_PREFIX = {"forward": "flash_v", "backward": "flash_bwd"}  # the main kernel's name
+
+
+def kernel_change(old: int, new: int, family: str = "forward") -> str:
+    """What changed in the code from version ``old`` to ``new`` of the forward
+    (:func:`flashref.gpu.forward_versions.kernel_diff`) or, with ``family="backward"``, of
+    the backward (:func:`flashref.gpu.backward_versions.kernel_diff`), without the hunks
+    that only rename the kernel."""
+    if family == "forward":
+        kernel_diff = forward_versions.kernel_diff
+    elif family == "backward":
+        kernel_diff = backward_versions.kernel_diff
+    else:
+        raise ValueError(f"family = {family!r}; expected 'forward' or 'backward'")
+    return drop_renames(kernel_diff(old, new), old, new, KERNEL_PREFIX[family])

@@ -3,7 +3,7 @@
 ``simulate``: the ring on simulated devices in NumPy (``ring_attention``, ``RingSchedule``,
 ``shard_positions``), what chapter 9 teaches; ``dist``: the same ring on real devices, one
 process per device under ``torch.distributed`` (needs torch; ``import flashref`` does not
-import it). The launcher and its timing are ``python -m flashref.bench.ring``.
+import it). The launcher and its timing are ``python -m flashref.bench ring``.
 """
 
 from __future__ import annotations

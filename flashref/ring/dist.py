@@ -148,7 +148,7 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
     ring can be one dimension of a larger mesh; ranks and the shard index are the group's.
     The ring sets no environment variable: what a machine's NCCL needs (for example
     ``NCCL_NVLS_ENABLE=0`` where NVLink multicast must stay off) is the launcher's to set
-    (``python -m flashref.bench.ring --no-multicast``).
+    (``python -m flashref.bench ring --no-multicast``).
     """
     rank, W = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:

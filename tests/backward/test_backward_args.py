@@ -360,14 +360,15 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
 
 def test_default_backward_versions_follow_the_rule_on_the_recorded_run():
     """The default tables say what results/gpu_backward.json says under the book's rule
-    (flashref.reporting.best_worst_case: the highest worst-case ratio to the fastest over the
-    recorded sequence lengths), among every version for compute capability 9.0
+    (flashref.recorded.defaults.best_worst_case: the highest worst-case ratio to the fastest over
+    the recorded sequence lengths), among every version for compute capability 9.0
     (BWD_HOPPER_PREFERENCE) and among the versions not built for sm_90a for every other GPU
     (BWD_PREFERENCE)."""
     from pathlib import Path
 
     from flashref.gpu.backward_versions import BWD_HOPPER_PREFERENCE, BWD_PREFERENCE, BWD_VERSIONS
-    from flashref.recorded import best_backward, load_backward
+    from flashref.recorded.backward import load_backward
+    from flashref.recorded.defaults import best_backward
 
     _, rows = load_backward(Path(__file__).resolve().parents[2] / "results" / "gpu_backward.json")
     on_hopper = best_backward(rows, BWD_VERSIONS)

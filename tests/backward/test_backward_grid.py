@@ -1,4 +1,4 @@
-"""The backward grid model (``flashref.gpu.models.backward_grid``), on the CPU.
+"""The backward grid model (``flashref.hardware.backward_grid``), on the CPU.
 
 Checked against a brute-force count over (query, key) pairs, against the tiles that
 ``tiled_attention_backward`` visits, against ``BwdVersion.dq_adds`` and against the lines
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from flashref import backward, tiled_attention_backward
-from flashref.gpu.backward_versions import BWD_VERSIONS, code_lines
-from flashref.gpu.models import backward_grid as bg
+from flashref.gpu.backward_versions import BWD_VERSIONS, backward_tiles, code_lines, version_grid
+from flashref.hardware import backward_grid as bg
 
 SHAPES = [  # Nq, Nk, Bc, Br
     (512, 512, 64, 64),
@@ -85,9 +85,9 @@ def test_the_pairs_are_the_numpy_loops_tiles_in_its_order(Nq, Nk, Bc, Br, causal
 @pytest.mark.parametrize("N", [1, 64, 100, 192, 512, 1000, 4096])
 def test_every_element_gets_dq_adds_without_the_mask(number, N):
     ver = BWD_VERSIONS[number]
-    g = bg.version_grid(number, N, N)
+    g = version_grid(number, N, N)
     assert set(g.adds) == {ver.dq_adds(N)}  # 0 for the second pass
-    causal = bg.version_grid(number, N, N, causal=True)
+    causal = version_grid(number, N, N, causal=True)
     assert max(causal.adds) <= ver.dq_adds(N) and causal.pairs() == [
         p for p in g.pairs() if p in set(causal.pairs())
     ]
@@ -96,13 +96,13 @@ def test_every_element_gets_dq_adds_without_the_mask(number, N):
 
 
 def test_a_second_pass_adds_nothing_and_a_key_tile_past_every_query_visits_nothing():
-    assert set(bg.version_grid(2, 512, 512, causal=True).adds) == {0}
+    assert set(version_grid(2, 512, 512, causal=True).adds) == {0}
     g = bg.backward_grid(64, 256, 64, 64, causal=True)  # keys 64.. follow every query
     assert [list(w) for w in g.walks] == [[0], [], [], []] and g.adds == (1,)
 
 
 def test_version_8s_second_consumer_skips_the_first_tile_it_visits():
-    g = bg.version_grid(8, 512, 512, causal=True)  # Bc = 128, Br = 64, 2 shares
+    g = version_grid(8, 512, 512, causal=True)  # Bc = 128, Br = 64, 2 shares
     assert g.adding[1] == (1, 2, 2, 2, 2, 2)  # tile 2: keys 192.. follow queries 128..191
     assert g.adds == (1, 2, 3, 4, 5, 6, 7, 8)
 
@@ -124,7 +124,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="Br must be an int"):
         bg.backward_grid(10, 10, 64, 64.0)
     with pytest.raises(ValueError, match="block must be in 0..7, got 8"):
-        bg.draw_backward_grid(1, 512, block=8)
+        bg.draw_backward_grid(backward_tiles(1), 512, block=8)
 
 
 @pytest.fixture
@@ -138,10 +138,10 @@ def close_figures():
 
 @pytest.mark.parametrize("number,causal", [(1, True), (8, True), (3, False), (2, True)])
 def test_the_drawing_is_the_model(number, causal, close_figures):
-    fig = bg.draw_backward_grid(number, 512, causal=causal, block=1)
+    fig = bg.draw_backward_grid(backward_tiles(number), 512, causal=causal, block=1)
     assert fig.get_size_inches()[0] * fig.dpi == 800
     texts = [t.get_text() for t in fig.axes[0].texts]
-    g = bg.version_grid(number, 512, 512, causal)
+    g = version_grid(number, 512, 512, causal)
     dq = [t for t in texts if t.startswith("dQ") and t[2:3].isdigit()]
     if BWD_VERSIONS[number].deterministic_dq:
         assert dq == [f"dQ{i}" for i in range(g.Tr)]

@@ -1,14 +1,14 @@
-"""``tools/prefill_stamps.py``: its stamps find their places in the prefill kernel's source
-(on the CPU: the text only; the run needs an sm_90a GPU)."""
+"""``python -m flashref.bench prefill_stamps``: its stamps find their places in the prefill
+kernel's source (on the CPU: the text only; the run needs an sm_90a GPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from flashref.bench import prefill_stamps
 from flashref.gpu.registry import KERNEL_DIR, paste_includes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,11 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tool():
-    path = ROOT / "tools/prefill_stamps.py"
-    spec = importlib.util.spec_from_file_location("prefill_stamps", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return prefill_stamps
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The PTX snapshot (python -m flashref.bench.ptx_snapshot) lists every build of every family
+"""The PTX snapshot (python -m flashref.bench ptx_snapshot) lists every build of every family
 and names each build whose PTX changed. Without nvcc: the list and the comparison only."""
 
 from __future__ import annotations

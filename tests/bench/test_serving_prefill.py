@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flashref.bench.serving import PREFILL_CHUNK, PREFILL_N, _longest_tiles
-from flashref.gpu.prefill import BC, BR, default_splits
+from flashref.gpu.decode.prefill import BC, BR, default_splits
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -42,7 +42,7 @@ def test_recorded_prefill_rows_match_the_rule():
 def test_split_counts_out_of_range_are_refused(splits, no_cupy):
     import numpy as np
 
-    from flashref.gpu.prefill import paged_prefill_attention
+    from flashref.gpu.decode.prefill import paged_prefill_attention
 
     q = np.zeros((1, 2, 10, 64), np.float16)
     kp = np.zeros((4, 2, 64, 64), np.float16)

@@ -189,17 +189,53 @@ def test_no_upward_import():
     assert not bad, "\n".join(bad)
 
 
-# (layer, what it must not import): each layer imports only the ones below it
+# The package root holds the NumPy core and the public adapter (torch); everything else is a
+# subpackage named for what it is.
+ROOT_MODULES = {
+    "__init__", "_checks", "_blas_flags", "softmax", "state", "attention", "backward", "decode",
+    "kvcache", "io_model", "tile_trace", "torch",
+}  # fmt: skip
+ROOT_PACKAGES = {
+    "ring", "exercises", "hardware", "gpu", "kernels", "recorded", "transformer", "bench",
+}  # fmt: skip
+CORE = tuple(sorted(ROOT_MODULES - {"__init__", "torch"}))
+
+# (layer, what it must not import): each layer imports only the ones below it. From the
+# ground up: the NumPy core; hardware (NumPy models of the chip); the GPU runtime; the torch
+# adapter, the ring and the exercise checkers; the readers of recorded results and the
+# chapter-8 model; the measuring harness on top.
+ABOVE_GPU = ("flashref.bench", "flashref.recorded", "flashref.transformer", "flashref.exercises")
 LAYERS = [
-    ("flashref.gpu", ("flashref.gpu.models", "flashref.bench", "flashref.torch", "flashref.ring")),
-    ("flashref.gpu.models", ("flashref.bench",)),
-    ("flashref.exercises", ("flashref.bench",)),
+    ("flashref.hardware", ("flashref.gpu", *ABOVE_GPU, "flashref.torch", "flashref.ring")),
+    ("flashref.gpu", (*ABOVE_GPU, "flashref.torch", "flashref.ring")),
+    ("flashref.exercises", ("flashref.bench", "flashref.recorded", "flashref.transformer")),
+    ("flashref.ring", ("flashref.bench", "flashref.recorded", "flashref.transformer")),
+    ("flashref.torch", ("flashref.bench", "flashref.recorded", "flashref.transformer")),
+    ("flashref.recorded", ("flashref.bench", "flashref.transformer", "flashref.torch")),
+    ("flashref.transformer", ("flashref.bench", "flashref.recorded")),
 ]
-CORE = ("_checks", "softmax", "state", "attention", "backward", "decode", "kvcache", "io_model")
+# NumPy-only: what a reader without a GPU imports. None of it may import the GPU runtime
+# (importing flashref.gpu loads its every module).
+NUMPY_ONLY = (
+    *(f"flashref.{m}" for m in CORE),
+    "flashref.__init__",
+    "flashref.hardware",
+    "flashref.exercises",
+    "flashref.ring.simulate",
+)
 
 
 def _inside(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
+
+
+def test_the_root_holds_the_core_alone():
+    """Every module at the package root is one of the core's (or the torch adapter), every
+    folder one of the named subpackages."""
+    modules = {p.stem for p in ROOT.glob("*.py")}
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert modules == ROOT_MODULES, (modules - ROOT_MODULES, ROOT_MODULES - modules)
+    assert folders == ROOT_PACKAGES, (folders - ROOT_PACKAGES, ROOT_PACKAGES - folders)
 
 
 @pytest.mark.parametrize("layer,forbidden", LAYERS, ids=[layer for layer, _ in LAYERS])
@@ -208,21 +244,39 @@ def test_layers_import_downwards(layer, forbidden):
     for name, edges in EDGES.items():
         if not _inside(name, layer):
             continue
-        if layer == "flashref.gpu" and _inside(name, "flashref.gpu.models"):
-            continue  # the models are their own layer, above the runtime
         for line, target, _ in edges:
             if any(_inside(target, f) for f in forbidden):
                 bad.append(f"{MODULES[name].relative_to(ROOT)}:{line}: imports {target}")
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("core", CORE)
-def test_numpy_core_imports_no_gpu_code(core):
-    """The NumPy modules every chapter imports stand on their own: no GPU, bench or torch."""
-    name = f"flashref.{core}"
-    bad = [
-        f"{line}: {target}"
-        for line, target, _ in EDGES[name]
-        if any(_inside(target, f) for f in ("flashref.gpu", "flashref.bench", "flashref.torch"))
+def _numpy_only_offenders(edges: dict) -> list[str]:
+    bad = []
+    for name, found in edges.items():
+        top = "flashref.__init__" if name == "flashref" else name
+        if not any(_inside(top, n) for n in NUMPY_ONLY):
+            continue
+        for line, target, _ in found:
+            if any(
+                _inside(target, f) for f in ("flashref.gpu", "flashref.bench", "flashref.torch")
+            ):
+                bad.append(f"{name}:{line}: imports {target}")
+    return bad
+
+
+def test_no_numpy_only_module_imports_the_gpu_runtime():
+    """The core, the chip's models, the exercise checkers and the simulated ring import no
+    GPU runtime, harness or torch adapter, at the top or inside a function."""
+    bad = _numpy_only_offenders(EDGES)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_numpy_only_check_can_fail():
+    planted = dict(EDGES)
+    planted["flashref.hardware.hopper"] = [
+        *EDGES["flashref.hardware.hopper"],
+        (1, "flashref.gpu.tma", None),
     ]
-    assert not bad, f"{name} imports " + ", ".join(bad)
+    assert _numpy_only_offenders(planted) == [
+        "flashref.hardware.hopper:1: imports flashref.gpu.tma"
+    ]

@@ -488,7 +488,7 @@ def test_a_ragged_list_is_an_error_naming_the_argument(name, no_cupy):
 
 
 def test_prefill_splits_fill_the_sms_once_and_keep_two_key_tiles_each(no_cupy):
-    from flashref.gpu import prefill as pf
+    from flashref.gpu.decode import prefill as pf
 
     # 512 queries x 16 heads: 64 work tiles for 132 SMs -> 2 splits (128 tiles, one wave)
     assert pf.default_splits(4 * 16, 32, 132) == 2

@@ -1,7 +1,7 @@
 """The Hopper chapters' checkers: right answers pass, planted mistakes are named.
 
 The right solutions are written the way a reader might, from the chapter's rules, not
-through ``flashref.gpu.models.hopper``; each planted solution is one with a single
+through ``flashref.hardware.hopper``; each planted solution is one with a single
 mistake, and the checker must fail it and name that mistake on every case it names
 anything. The barrier and wait_group checkers must also say what the wrong wait does.
 """

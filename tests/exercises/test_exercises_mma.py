@@ -1,7 +1,7 @@
 """Chapter 5's fragment checker: the right map passes, every planted mistake is named.
 
 The right solution is written the way a reader might, from the chapter's rule (g = lane / 4,
-t = lane % 4), not through ``flashref.gpu.models.fragments``; each planted solution has a
+t = lane % 4), not through ``flashref.hardware.fragments``; each planted solution has a
 single mistake, and the checker must fail it and name that mistake on every case it names
 anything.
 """

@@ -337,7 +337,7 @@ def _recorded_tflops(name: str) -> dict:
     import json
     from pathlib import Path
 
-    from flashref.reporting import forward_tflops
+    from flashref.recorded.defaults import forward_tflops
 
     doc = json.loads((Path(__file__).resolve().parents[2] / "results" / name).read_text())
     return forward_tflops(doc["rows"])
@@ -346,8 +346,8 @@ def _recorded_tflops(name: str) -> dict:
 def test_default_versions_follow_the_rule_on_the_recorded_run():
     """PREFERENCE says what results/gpu_bench.json says under the book's rule: per (dtype, d,
     causal), the version with the highest worst-case ratio to the fastest over the sequence
-    lengths (flashref.reporting.best_worst_case)."""
-    from flashref.reporting import best_worst_case
+    lengths (flashref.recorded.defaults.best_worst_case)."""
+    from flashref.recorded.defaults import best_worst_case
 
     recorded = _recorded_tflops("gpu_bench.json")
     assert recorded, "the recorded run has no 16-bit flashref rows"
@@ -358,7 +358,7 @@ def test_default_versions_follow_the_rule_on_the_recorded_run():
 def test_hopper_defaults_follow_the_rule_on_the_recorded_hopper_run():
     """HOPPER_PREFERENCE says what results/gpu_hopper.json says under the same rule, every
     version that run measured."""
-    from flashref.reporting import best_worst_case
+    from flashref.recorded.defaults import best_worst_case
 
     recorded = _recorded_tflops("gpu_hopper.json")
     assert set(recorded) == set(fg.HOPPER_PREFERENCE), "the run and the table cover other cases"

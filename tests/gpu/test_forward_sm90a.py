@@ -45,7 +45,7 @@ REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
 FEW_BLOCKS = 3
 PERSISTENT = [g for g in GROUPS if VERSIONS[g[0]].persistent]
 # and one case with more work tiles than SMs, ragged, whose causal order at d = 128 runs in two
-# sections of heads (flashref.gpu.models.work_tiles.section_heads(1100, 128, 64) = 55)
+# sections of heads (flashref.hardware.work_tiles.section_heads(1100, 128, 64) = 55)
 SECTIONS = ((4, 16), 1000, 1100, True)
 
 

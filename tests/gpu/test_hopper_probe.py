@@ -1,7 +1,7 @@
 """The Hopper wrappers of hopper_common.cuh on the GPU, stage by stage (needs compute 9.0).
 
 Each stage of ``flashref/kernels/probes/probe_wgmma.cu`` runs in its own process
-(``python -m flashref.bench.hopper_probe STAGE``) with a timeout: an illegal wgmma poisons
+(``python -m flashref.bench hopper_probe STAGE``) with a timeout: an illegal wgmma poisons
 the CUDA context for the rest of a process, and an mbarrier that never completes hangs.
 The stages are ordered so that the first failing one names the piece that is wrong:
 
@@ -51,7 +51,7 @@ def hopper():
 
 def run_stage(stage: str, dtype: str, n: int, *extra: str) -> dict:
     """The JSON result of one stage in a fresh process; pytest.fail on a hang or a crash."""
-    cmd = [sys.executable, "-m", "flashref.bench.hopper_probe", stage, "--dtype", dtype,
+    cmd = [sys.executable, "-m", "flashref.bench", "hopper_probe", stage, "--dtype", dtype,
            "--n", str(n), *extra]  # fmt: skip
     what = f"{stage} {dtype} n={n} {' '.join(extra)}".strip()
     try:

@@ -45,7 +45,8 @@ def _id(case):
 def test_import_without_torch_says_what_is_missing():
     code = (
         "import sys; sys.modules['torch'] = None\n"  # as if torch were not installed
-        "import flashref, flashref.gpu, flashref.charmodel, flashref.booktext, flashref.recorded\n"
+        "import flashref, flashref.gpu, flashref.transformer.model\n"
+        "import flashref.transformer.booktext, flashref.recorded\n"
         "try:\n    import flashref.torch\nexcept ImportError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -54,8 +55,8 @@ def test_import_without_torch_says_what_is_missing():
 
 def test_nothing_else_imports_torch():
     code = (
-        "import sys, flashref, flashref.gpu, flashref.charmodel, flashref.booktext, "
-        "flashref.recorded, flashref.exercises, flashref.bench\n"
+        "import sys, flashref, flashref.gpu, flashref.transformer.model, "
+        "flashref.transformer.booktext, flashref.recorded, flashref.exercises, flashref.bench\n"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -205,14 +205,14 @@ def test_torchrun_ranks_read_its_environment(monkeypatch):
 
 
 def test_cli_under_torchrun(tmp_path):
-    """``torchrun --nproc-per-node 2 -m flashref.bench.ring --cpu 2``: each process is one
+    """``torchrun --nproc-per-node 2 -m flashref.bench ring --cpu 2``: each process is one
     rank (env:// rendezvous), rank 0 checks and writes the result."""
     import os
 
     out = tmp_path / "ring.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2", "-m", "flashref.bench.ring"]  # fmt: skip
+                "--nproc-per-node", "2", "-m", "flashref.bench", "ring"]  # fmt: skip
     cmd = [*torchrun, "--cpu", "2", "--seq", "16", "--heads", "2", "--head-dim", "4",
            "--causal", "--check", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -258,7 +257,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {path} ({len(cases)} cases)")
         print_cases(cases)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main, PROG))

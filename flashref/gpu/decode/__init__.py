@@ -12,6 +12,8 @@ its own module:
 * ``plan``: ``PagedDecodePlan``, a paged call checked and planned once, then run (and
   replayed from a CUDA graph) with no host work but the launch;
 * ``cache``: ``DevicePagedKVCache``, the paged cache on the GPU, its appends on the device;
+* ``prefill``: ``paged_prefill_attention``, a chunk of a prompt's queries against its paged
+  cache (the chunked prefill);
 * ``launch``: the launch itself; ``workspace`` and ``counters`` the reused buffers of the
   split partials and of version 4's merge (``stream_buffers``: one per device, stream and
   size class).
@@ -31,6 +33,7 @@ from .api import (
 from .cache import DevicePagedKVCache
 from .checks import HEAD_DIMS, MAX_NQ, SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
 from .plan import PagedDecodePlan
+from .prefill import paged_prefill_attention
 from .versions import (
     BC,
     BK,
@@ -70,6 +73,7 @@ __all__ = [
     "DecodePlan", "DecodeVersion", "DevicePagedKVCache", "PagedDecodePlan", "blocks_per_sm",
     "cache_decode_attention", "check_splits",
     "check_version", "choose_num_splits", "decode_attention", "decode_plan",
-    "default_decode_version", "defines", "paged_decode_attention", "row_tiles",
+    "default_decode_version", "defines", "paged_decode_attention", "paged_prefill_attention",
+    "row_tiles",
     "smem_bytes", "source", "split_blocks_per_sm", "threads",
 ]  # fmt: skip
