@@ -142,7 +142,7 @@ def _check_tensors(q, k, v, is_causal, scale) -> None:
     for name, x in (("query", q), ("key", k), ("value", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    dtype, d, _, _ = _runtime._check_inputs(q, k, v, is_causal, scale, False)
+    dtype, d, _, _ = _runtime.check_inputs(q, k, v, is_causal, scale, False)
     grads = [name for name, x in (("query", q), ("key", k), ("value", v)) if x.requires_grad]
     if grads and torch.is_grad_enabled():
         if dtype not in BACKWARD_DTYPES:

@@ -26,10 +26,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def cp():
-    """CuPy, with a GPU (``flashref.gpu._runtime._require_gpu``)."""
-    from flashref.gpu._runtime import _require_gpu
+    """CuPy, with a GPU (``flashref.gpu._runtime.require_gpu``)."""
+    from flashref.gpu._runtime import require_gpu
 
-    return _require_gpu()
+    return require_gpu()
 
 
 @pytest.fixture(scope="session")

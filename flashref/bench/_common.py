@@ -19,7 +19,7 @@ def flops(B: int, N: int, d: int, causal: bool) -> float:
     return f / 2 if causal else f
 
 
-def _median_ms(run, make_event, repeats: int, warmup: int) -> float:
+def median_ms(run, make_event, repeats: int, warmup: int) -> float:
     """Median over ``repeats`` of one call, timed by device events around it."""
     for _ in range(warmup):
         run()
@@ -31,10 +31,10 @@ def _median_ms(run, make_event, repeats: int, warmup: int) -> float:
         end.record()
         end.synchronize()
         times.append((start, end))
-    return statistics.median(_elapsed(s, e) for s, e in times)
+    return statistics.median(elapsed_ms(s, e) for s, e in times)
 
 
-def _elapsed(start, end) -> float:
+def elapsed_ms(start, end) -> float:
     if hasattr(start, "elapsed_time"):  # torch.cuda.Event
         return start.elapsed_time(end)
     import cupy as cp
@@ -87,7 +87,7 @@ class ClockSampler:
         return out if self.min_util == 50 else out | {"min_util_pct": self.min_util}
 
 
-def _import_torch():
+def import_torch():
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -40,7 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import HEADS, REPEATS, ClockSampler, _elapsed, _import_torch, batch, flops
+from flashref.gpu import flash_attention_backward
+from flashref.gpu._runtime import device_cc, require_gpu
+from flashref.gpu.backward import get_functions, launch_backward
+from flashref.gpu.backward_versions import default_bwd_version
+from flashref.gpu.forward import resolve_version as forward_version
+
+from ._common import HEADS, REPEATS, ClockSampler, batch, flops, import_torch, median_ms
 from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version, tree
 
@@ -50,20 +56,6 @@ BWD_FLOP_FACTOR = 2.5
 
 
 PROG = "python -m flashref.bench backward"
-
-
-def _time(run, make_event, repeats: int = REPEATS, warmup: int = 2):
-    for _ in range(warmup):
-        run()
-    pairs = []
-    for _ in range(repeats):
-        start, end = make_event(), make_event()
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        pairs.append((start, end))
-    return statistics.median(_elapsed(s, e) for s, e in pairs)
 
 
 def _meta(cp, torch, args) -> dict:
@@ -100,13 +92,10 @@ def _impls(ctx, d, causal, dtype, x):
     """[(impl, direction, version, run, grads_or_None)] for one configuration."""
     cp, torch = ctx["cp"], ctx["torch"]
     from flashref.gpu import BWD_VERSIONS, flash_attention
-    from flashref.gpu._runtime import _device_cc
-    from flashref.gpu.backward import get_functions, launch_backward
-    from flashref.gpu.forward import _check_version as forward_version
 
     q, k, v, do = x
     scale = 1 / math.sqrt(d)
-    fwd = forward_version(None, dtype, d, causal, _device_cc(cp))  # what version=None runs here
+    fwd = forward_version(None, dtype, d, causal, device_cc(cp))  # what version=None runs here
     O, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
     out = [("flashref", "forward", fwd.number,
             lambda: flash_attention(q, k, v, causal=causal, out=O), None)]  # fmt: skip
@@ -115,7 +104,7 @@ def _impls(ctx, d, causal, dtype, x):
             continue
         if d not in ver.head_dims:  # a version built for one head dim (bwd17: d = 64)
             continue
-        if not ver.runs_on(_device_cc(cp)):  # an sm_90a version elsewhere than on 9.0
+        if not ver.runs_on(device_cc(cp)):  # an sm_90a version elsewhere than on 9.0
             print(f"  bwd{ver.number}: skipped, needs compute capability "
                   f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip
             continue
@@ -159,11 +148,9 @@ def _impls(ctx, d, causal, dtype, x):
         grads = tuple(cp.from_dlpack(g) for g in backward())
         out.append((impl, "forward", None, fwd_nograd, None))
         out.append((impl, "backward", None, backward, grads))
-    from flashref.gpu import flash_attention_backward
-    from flashref.gpu.backward_versions import default_bwd_version
 
     args = (*(t.detach() for t in (tq, tk, tv)), torch.from_dlpack(O), torch.from_dlpack(lse), tdo)
-    default = default_bwd_version(dtype, d, causal, _device_cc(cp))
+    default = default_bwd_version(dtype, d, causal, device_cc(cp))
 
     def public():
         return flash_attention_backward(*args, causal=causal)
@@ -187,7 +174,7 @@ def bench_config(ctx, d, N, causal, dtype, x, rounds: int) -> list[dict]:
     for _ in range(rounds):
         for i, (impl, _, _, run, _) in enumerate(impls):
             on_torch = impl.startswith("sdpa") or impl == "flashref_public"
-            times[i].append(_time(run, torch_event if on_torch else cp.cuda.Event))
+            times[i].append(median_ms(run, torch_event if on_torch else cp.cuda.Event, REPEATS, 2))
     ref = next((g for impl, direc, _, _, g in impls if impl == "sdpa_flash" and g), None)
     rows = []
     for (impl, direction, version, _, grads), ts in zip(impls, times, strict=True):
@@ -207,12 +194,10 @@ def bench_config(ctx, d, N, causal, dtype, x, rounds: int) -> list[dict]:
 
 
 def run(args) -> dict:
-    from flashref.gpu._runtime import _require_gpu
-
-    cp = _require_gpu()
+    cp = require_gpu()
     if "bfloat16" in args.dtypes:
         import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
-    torch, _, _ = _import_torch()
+    torch, _, _ = import_torch()
     meta = _meta(cp, torch, args)
     print(f"{meta['gpu']}, driver {meta['driver']}, CuPy {meta['cupy']}, torch {meta['torch']}",
           file=sys.stderr)  # fmt: skip

@@ -35,8 +35,16 @@ import time
 import traceback
 from pathlib import Path
 
+import flashref.gpu as fg
+
+from ..gpu import _runtime
+from ..gpu.backward_versions import default_bwd_version
+from ..gpu.decode.versions import default_decode_version
+from ..gpu.forward_versions import default_forward_version
 from ._common import ClockSampler
 from .cli import ArgumentParser
+from .provenance import provenance
+from .roofs import device_facts
 
 PROG = "python -m flashref.bench calls"
 HOST_SHAPE = (1, 8, 128, 64)  # (B, H, N, d) fp16: the kernels take microseconds
@@ -136,7 +144,6 @@ def host_inputs(torch):
     O_s)``, the forward's ``O`` and ``lse`` of q, k, v, leaf copies ``qg, kg, vg`` that require
     grad, and SDPA's output ``O_s`` of those (a graph to call the backward on); ``gen`` the
     generator, for more inputs."""
-    import flashref.gpu as fg
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, H, N, d = HOST_SHAPE
@@ -148,7 +155,6 @@ def host_inputs(torch):
 
 def host_times(torch, timer) -> list[dict]:
     """Host microseconds per call of each entry point beside SDPA's equivalent."""
-    import flashref.gpu as fg
     import flashref.torch as ft
 
     sdpa = _sdpa(torch)
@@ -245,8 +251,6 @@ def host_times(torch, timer) -> list[dict]:
 
 
 def forward_times(torch, timer, l2_bytes: int) -> list[dict]:
-    import flashref.gpu as fg
-
     sdpa = _sdpa(torch)
     rows = []
     for dtype in ("float16", "bfloat16"):
@@ -332,8 +336,6 @@ def training_times(torch, timer) -> list[dict]:
 
 
 def decode_times(torch, timer, l2_bytes: int) -> list[dict]:
-    import flashref.gpu as fg
-
     sdpa = _sdpa(torch)
     rows = []
     for B in DECODE_BATCHES:
@@ -425,7 +427,6 @@ def _as_tuple(x):
 
 
 def capture_outcomes(torch) -> dict:
-    import flashref.gpu as fg
     import flashref.torch as ft
 
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -511,9 +512,6 @@ def compile_outcomes(torch) -> dict:
 def default_versions(cc) -> tuple[list[int], list[int], list[int]]:
     """The forward, backward and decode versions that ``version=None`` runs on a GPU of
     compute capability ``cc`` at the shapes these benchmarks call (what their files name)."""
-    from ..gpu.backward_versions import default_bwd_version
-    from ..gpu.decode.versions import default_decode_version
-    from ..gpu.forward_versions import default_forward_version
 
     dtypes, dims, masks = ("float16", "bfloat16"), (64, 128), (False, True)
     fwd = {default_forward_version(t, d, c, cc) for t in dtypes for d in dims for c in masks}
@@ -523,8 +521,6 @@ def default_versions(cc) -> tuple[list[int], list[int], list[int]]:
 
 
 def main(argv=None) -> int:
-    from ..gpu import _runtime
-
     p = ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--out", type=Path, default=Path("results/gpu_calls.json"))
     p.add_argument(
@@ -535,15 +531,13 @@ def main(argv=None) -> int:
         help="sections to run (default: all)",
     )
     args = p.parse_args(argv)
-    cp = _runtime._require_gpu()
+    cp = _runtime.require_gpu()
     try:
         import torch
     except ImportError:
         from .cli import missing
 
         return missing(PROG, "torch is not installed: the baselines are torch's SDPA")
-    from .provenance import provenance
-    from .roofs import device_facts
 
     facts = device_facts(cp)
     cc = tuple(int(x) for x in facts["compute_capability"].split("."))

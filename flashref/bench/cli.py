@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..gpu import GPUUnavailableError
+
 EXIT_MISSING = 3  # something the command needs is not on this machine
 
 
@@ -41,7 +43,6 @@ def missing(prog: str, what: str) -> int:
 
 def run(main, prog: str, argv: list[str] | None = None) -> int:
     """``main(argv)``, with a missing GPU or CuPy said on one line (``missing``)."""
-    from ..gpu import GPUUnavailableError
 
     try:
         return main(argv)

@@ -55,9 +55,17 @@ from pathlib import Path
 
 import numpy as np
 
+from flashref.gpu._runtime import require_gpu
+from flashref.gpu.decode import (
+    decode_attention,
+    decode_plan,
+    default_decode_version,
+    paged_decode_attention,
+)
+
 from ..gpu.decode import VERSIONS
 from ..recorded.decode import impl_names
-from ._common import ClockSampler, _import_torch, _median_ms
+from ._common import ClockSampler, import_torch, median_ms
 from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version, tree
 from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
@@ -154,7 +162,6 @@ def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
     and paged, through the public API (the block table and lengths as host int32 arrays).
     ``make(q, k, v)`` gives the contiguous call on other inputs of the shape (the graph
     timing's rotation); the paged rows have none (their table is checked on the host)."""
-    from flashref.gpu.decode import decode_attention, decode_plan, paged_decode_attention
 
     cp = ctx["cp"]
     B, Hkv, Nk, _ = k.shape
@@ -248,7 +255,6 @@ def sdpa_decode(q, k, v, *, backend: str, how: str):
 def kernel_impls(versions, cc=None) -> set[str]:
     """The rows that get ``kernel_us``: the default decode version of this GPU (contiguous,
     and paged with ``PAGE_SIZE``) where it is among ``versions``, SDPA FLASH and cuDNN."""
-    from flashref.gpu.decode import default_decode_version
 
     if cc is None:
         from flashref.gpu._launch import device_facts as gpu_facts
@@ -294,7 +300,7 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
             if run is None or (impl == "sdpa_math" and rnd > 0):
                 continue
             make = events["torch" if impl.startswith("sdpa") else "cp"]
-            times[impl].append(_median_ms(run, make, REPEATS, 2))
+            times[impl].append(median_ms(run, make, REPEATS, 2))
     host, kernel = {}, {}
     for impl, run, *_ in impls:
         if run is None or impl == "sdpa_math":
@@ -379,12 +385,10 @@ def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> d
 
 
 def run(args) -> dict:
-    from flashref.gpu._runtime import _require_gpu
-
-    cp = _require_gpu()
+    cp = require_gpu()
     if "bfloat16" in args.dtypes:
         import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
-    torch, _, _ = _import_torch()
+    torch, _, _ = import_torch()
     facts = device_facts(cp)
     read = hbm_read_roof(cp, facts["sm_count"])
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3

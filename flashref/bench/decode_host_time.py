@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import math
 
+from flashref.gpu import decode_attention, decode_plan
+from flashref.gpu._runtime import require_gpu
+from flashref.gpu.decode.launch import launch
+
 from .cli import ArgumentParser
 from .timing.call_time import host_us, kernel_us
 
@@ -28,9 +32,6 @@ PROG = "python -m flashref.bench decode_host_time"
 def shape_rows(cp, torch, B, Hkv, Nk, versions, calls) -> None:
     """Print one shape's rows: each version, then SDPA cuDNN."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from flashref.gpu import decode_attention, decode_plan
-    from flashref.gpu.decode.launch import launch
 
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     sync = cp.cuda.runtime.deviceSynchronize
@@ -78,9 +79,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from flashref.gpu._runtime import _require_gpu
-
-    cp = _require_gpu()
+    cp = require_gpu()
     print(f"{'B':>3s}{'Hkv':>5s}{'Nk':>7s}  {'impl':10s}{'API us':>9s}{'launch us':>11s}"
           f"{'kernels us':>12s}")  # fmt: skip
     for B, Hkv, Nk in SHAPES:

@@ -19,6 +19,17 @@ import statistics
 import sys
 from pathlib import Path
 
+from flashref.bench.decode import _inputs, _meta, sdpa_decode
+from flashref.bench.roofs import device_facts
+from flashref.bench.timing.graph_time import CapturedCalls, graph_calls, input_sets
+from flashref.gpu.decode import (
+    MAX_SPLITS,
+    MIN_TILES_PER_SPLIT,
+    TILE_KEYS,
+    decode_attention,
+    decode_plan,
+)
+
 from .cli import ArgumentParser
 
 SHAPES = ((1, 8, 4096), (1, 32, 4096), (8, 8, 4096), (32, 32, 4096), (1, 8, 32768),
@@ -51,16 +62,6 @@ def main(argv=None) -> int:
 
     if args.dtype == "bfloat16":
         import ml_dtypes  # noqa: F401  (the NumPy name CuPy needs)
-    from flashref.bench.decode import _inputs, _meta, sdpa_decode
-    from flashref.bench.roofs import device_facts
-    from flashref.bench.timing.graph_time import CapturedCalls, graph_calls, input_sets
-    from flashref.gpu.decode import (
-        MAX_SPLITS,
-        MIN_TILES_PER_SPLIT,
-        TILE_KEYS,
-        decode_attention,  # fmt: skip
-        decode_plan,
-    )
 
     facts = device_facts(cp)
     meta = _meta(cp, torch, facts, None, None, args.versions)

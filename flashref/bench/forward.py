@@ -43,14 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
+from flashref.gpu._runtime import require_gpu
+
 from ._common import (
     HEADS,
     REPEATS,
     ClockSampler,
-    _import_torch,
-    _median_ms,
     batch,
     flops,
+    import_torch,
+    median_ms,
 )
 from .cli import ArgumentParser
 from .provenance import driver_version, runtime_version, tree
@@ -203,7 +205,7 @@ def bench_config(ctx, d, N, causal, dtype, inputs, rounds: int) -> list[dict]:
                 continue
             make_event = torch_event if impl.startswith("sdpa") else cp.cuda.Event
             reps, warm = (SLOW_REPEATS, 1) if impl == "v1" else (REPEATS, 2)
-            times[impl].append(_median_ms(run, make_event, reps, warm))
+            times[impl].append(median_ms(run, make_event, reps, warm))
     rows, outputs = [], {}
     for impl, label, family, version, vdt, _, res, skipped in impls:
         ts = times[impl]
@@ -270,12 +272,11 @@ def cold_calls(numbers) -> dict:
 
 def run(args) -> dict:
     from flashref.gpu import VERSIONS
-    from flashref.gpu._runtime import _require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     if "bfloat16" in args.dtypes:
         import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
-    torch, SDPBackend, sdpa_kernel = _import_torch()
+    torch, SDPBackend, sdpa_kernel = import_torch()
     ceilings = measure_roofs(cp)
     cp.get_default_memory_pool().free_all_blocks()
     meta = _meta(cp, torch, ceilings)

@@ -24,7 +24,14 @@ import pstats
 import types
 from pathlib import Path
 
+import flashref.gpu as fg
+
+from ..gpu import _driver, _runtime
+from .calls import default_versions
 from .cli import ArgumentParser
+from .provenance import provenance
+from .roofs import device_facts
+from .timing.call_time import kernel_us
 
 PROG = "python -m flashref.bench host_profile"
 TOP = 18  # functions listed per call
@@ -73,7 +80,6 @@ def _torch_ranges(torch, run, calls: int) -> list[dict]:
 
 
 def calls(torch, n: int) -> dict:
-    import flashref.gpu as fg
     import flashref.torch as ft
 
     from .calls import DECODE_HOST, _randn, host_inputs
@@ -128,8 +134,6 @@ def pieces(torch, n: int) -> dict:
     import cupy as cp
     import numpy as np
 
-    from ..gpu import _driver
-
     src = 'extern "C" __global__ void nothing(const void* a, const void* b, const void* c,' \
           ' void* o, void* l, int n, int m, float s, int c2) {}'  # fmt: skip
     fn = cp.RawModule(code=src).get_function("nothing")
@@ -168,11 +172,9 @@ def loops(torch, n: int = 50) -> dict:
     engine running the backward on the calling thread."""
     import gc
 
-    import flashref.gpu as fg
     import flashref.torch as ft
 
     from .calls import HOST_SHAPE, CallTimer, _cudnn, _randn
-    from .timing.call_time import kernel_us
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -220,14 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--out", type=Path, default=Path("results/gpu_host_profile.json"))
     args = p.parse_args(argv)
-    from ..gpu import _runtime
 
-    cp = _runtime._require_gpu()
+    cp = _runtime.require_gpu()
     import torch
-
-    from .calls import default_versions
-    from .provenance import provenance
-    from .roofs import device_facts
 
     cc = tuple(int(x) for x in device_facts(cp)["compute_capability"].split("."))
     fwd, bwd, dec = default_versions(cc)

@@ -26,6 +26,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flashref.bench.provenance import provenance, source_hash
+from flashref.bench.serving import _pages
+from flashref.gpu.decode import prefill
+from flashref.gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
+
 from .cli import ArgumentParser
 
 # (name, anchor, where, condition): the stamp goes on its own line after the first line of the
@@ -104,11 +109,7 @@ def run() -> dict:
     import numpy as np
     import torch
 
-    from flashref.bench.provenance import provenance, source_hash
-    from flashref.bench.serving import _pages
     from flashref.gpu._launch import NVRTC_OPTIONS
-    from flashref.gpu.decode import prefill
-    from flashref.gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
     source = paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
     stamped = stamped_source(source)

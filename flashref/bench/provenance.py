@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
+from ..gpu.decode.versions import VERSIONS as DECODE_VERSIONS
+from ..gpu.forward_versions import VERSIONS
+
 
 def _cuda_version(v: int) -> str:
     """CUDA's integer version (major * 1000 + minor * 10) as ``major.minor``."""
@@ -72,9 +76,6 @@ def _wanted(name: str, forward, backward, decode) -> bool:
 def current_hashes() -> dict[str, str]:
     """The source hash of every registered version of the three families. A backward
     version's hash covers its preprocess and dQ conversion kernels too."""
-    from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
-    from ..gpu.decode.versions import VERSIONS as DECODE_VERSIONS
-    from ..gpu.forward_versions import VERSIONS
 
     out = {f"forward/{n}": source_hash(v.source()) for n, v in VERSIONS.items()}
     pp = pre_post_source()

@@ -22,6 +22,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
+from ..gpu.decode import versions as decode
+from ..gpu.forward_versions import VERSIONS
+from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 from . import cli
 from .cli import ArgumentParser
 
@@ -33,10 +37,6 @@ PROG = "python -m flashref.bench ptx_snapshot"
 
 def builds() -> list[tuple[str, str, list[str]]]:
     """(label, source text, nvcc flags) of every build."""
-    from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
-    from ..gpu.decode import versions as decode
-    from ..gpu.forward_versions import VERSIONS
-    from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
     out = []
     for family, table in (("fwd", VERSIONS), ("bwd", BWD_VERSIONS)):

@@ -45,6 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from .._checks import check_causal, check_qkv, check_scale
+from ..attention import naive_attention
+from ..gpu import gpu_unavailable_reason
+from ..gpu.forward import resolve_version
 from ..ring.simulate import _check_layout
 from . import ring_check
 from .cli import ArgumentParser
@@ -242,9 +245,6 @@ def _check_gpus(p, args):
     import torch
     import torch.distributed as dist
 
-    from ..gpu import gpu_unavailable_reason
-    from ..gpu.forward import _check_version
-
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launched = torchrun_ranks()
     if launched is not None:  # one process of this node: its GPU is LOCAL_RANK
@@ -259,7 +259,7 @@ def _check_gpus(p, args):
         p.error(f"--gpus: flashref.gpu cannot run: {reason}")
     for causal in {False, args.causal}:  # a causal ring also runs unmasked pairs
         try:
-            _check_version(None, DTYPES[args.dtype], args.head_dim, causal)
+            resolve_version(None, DTYPES[args.dtype], args.head_dim, causal)
         except ValueError as exc:
             p.error(f"--head-dim {args.head_dim}: {exc}")
 
@@ -317,8 +317,6 @@ def _rank_main(rank, W, init_method, args, result_path, local_rank=None):
 
 
 def _check_cpu(q, k, v, O, lse, causal):
-    from ..attention import naive_attention
-
     O_ref, lse_ref = naive_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal,
                                      return_lse=True)  # fmt: skip
     err = ring_check.rel(O.numpy(), O_ref)

@@ -16,6 +16,8 @@ import platform
 
 import numpy as np
 
+from ..gpu.tolerances import CEILING, LSE_TOL, tolerance
+
 CHECK_ROWS = 64  # query rows compared with the float64 reference
 
 
@@ -36,7 +38,6 @@ def _gather_objects(x, W):
 def check_gpu(q, k, v, O, lse, causal):
     import torch
 
-    from ..gpu.tolerances import CEILING, LSE_TOL, tolerance
     from ..ring.dist import flash_attend
 
     dtype, N, d = str(q.dtype).removeprefix("torch."), q.shape[-2], q.shape[-1]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..gpu._runtime import require_gpu
 from ..gpu.registry import KERNEL_DIR, paste_includes
 from .cli import ArgumentParser
 
@@ -139,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
     args = parser.parse_args(argv)
-    from ..gpu._runtime import _require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     result = measure(cp)
     for k, v in {**result["device"], **result["roofs"]}.items():
         print(f"{k:28s} {v:.3f}" if isinstance(v, float) else f"{k:28s} {v}")

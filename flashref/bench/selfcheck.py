@@ -23,7 +23,10 @@ from flashref.attention import naive_attention
 from flashref.backward import naive_attention_backward
 
 from ..gpu import BWD_VERSIONS, VERSIONS
-from ..gpu._runtime import _device_cc, _require_gpu
+from ..gpu._runtime import device_cc, require_gpu
+from ..gpu.backward import launch_backward
+from ..gpu.decode import VERSIONS as DECODE_VERSIONS
+from ..gpu.decode.prefill import paged_prefill_attention
 from .cli import ArgumentParser
 
 LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
@@ -43,7 +46,7 @@ def host_dtype(name: str):
 
 def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0, dtype: str | None = None):
     """Relative error of O and max abs error of lse for one version, dtype and shape."""
-    cp = _require_gpu()
+    cp = require_gpu()
     from ..gpu._launch import launch  # imports CuPy
 
     dt = host_dtype(dtype or ver.dtype)
@@ -72,9 +75,8 @@ def check_decode(versions=None) -> int:
     """Every decode version (or those in ``versions``) on small cases (ragged lengths with 0
     and 1, splits past the tiles, a shuffled block table with partly filled pages, causal and
     not); returns failures."""
-    cp = _require_gpu()
+    cp = require_gpu()
     from ..gpu.decode import SM90A_VERSIONS, decode_attention, paged_decode_attention
-    from ..gpu.decode import VERSIONS as DECODE_VERSIONS
 
     cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
     failed = 0
@@ -140,8 +142,7 @@ def check_prefill() -> int:
     """``paged_prefill_attention`` on small ragged cases (sequences of 2 to 6 key tiles, pages
     in reverse order, grouped heads), one and three key splits (some of them empty),
     bottom-right causal and none, against the float64 reference; returns failures."""
-    cp = _require_gpu()
-    from ..gpu.decode.prefill import paged_prefill_attention
+    cp = require_gpu()
 
     cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
     if cc != (9, 0):
@@ -186,8 +187,7 @@ def check_prefill() -> int:
 def check_backward(ver, d: int, causal: bool, shape_q, shape_k, dtype: str, seed: int = 0):
     """Relative errors of (dq, dk, dv) of one backward version against float64 (NaN if any
     element holds NaN), with O and lse from the float64 forward rounded as a kernel's are."""
-    cp = _require_gpu()
-    from ..gpu.backward import launch_backward  # imports CuPy
+    cp = require_gpu()
 
     dt = host_dtype(dtype)
     rng = np.random.default_rng(seed)
@@ -214,7 +214,7 @@ def main_backward(args, cp) -> int:
     shapes = [((2, 70), (2, 100))] if args.small else [
         ((2, 3, 70), (2, 3, 100)), ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0
-    cc = _device_cc(cp)
+    cc = device_cc(cp)
     for ver in BWD_VERSIONS.values():
         if args.versions and ver.number not in args.versions:
             continue
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backward", action="store_true", help="the backward versions")
     parser.add_argument("--prefill", action="store_true", help="only the chunked-prefill kernel")
     args = parser.parse_args(argv)
-    cp = _require_gpu()
+    cp = require_gpu()
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     if args.backward:
         return main_backward(args, cp)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [((2, 70), (2, 100))] if args.small else [((2, 3, 70), (2, 3, 100)),
                                                        ((1, 2, 257), (1, 2, 257))]  # fmt: skip
     failed = 0
-    cc = _device_cc(cp)
+    cc = device_cc(cp)
     for ver in VERSIONS.values():
         if args.versions and ver.number not in args.versions:
             continue

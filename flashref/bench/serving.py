@@ -40,7 +40,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from ._common import ClockSampler, _import_torch
+from flashref.gpu import DevicePagedKVCache, PagedDecodePlan, flash_attention
+from flashref.gpu._runtime import require_gpu
+from flashref.gpu.decode import HOPPER_DEFAULT_VERSION
+from flashref.gpu.registry import KERNEL_DIR, paste_includes
+from flashref.transformer.booktext import CharCorpus, book_text
+from flashref.transformer.generate import GENERATORS, generator, greedy_logits
+from flashref.transformer.model import VAL_SEED, Config, train
+
+from ._common import ClockSampler, import_torch
 from .cli import ArgumentParser
 from .provenance import provenance, source_hash
 from .roofs import device_facts, hbm_roof
@@ -101,8 +109,6 @@ def _replayed(torch, cp, calls, rounds) -> tuple[float, list[float]]:
 
 
 def decode_rows(ctx, dtype, rounds) -> list[dict]:
-    from flashref.gpu import PagedDecodePlan
-
     torch, cp = ctx["torch"], ctx["cp"]
     rows = []
     for Nk in CONTEXTS:
@@ -170,8 +176,6 @@ def decode_rows(ctx, dtype, rounds) -> list[dict]:
 
 
 def append_rows(ctx, dtype, rounds) -> list[dict]:
-    from flashref.gpu import DevicePagedKVCache
-
     torch, cp = ctx["torch"], ctx["cp"]
     rows = []
     dt = getattr(torch, dtype)
@@ -231,7 +235,6 @@ def prefill_rows(ctx, dtype, rounds) -> list[dict]:
 def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flashref.gpu import flash_attention
     from flashref.gpu._launch import device_facts as gpu_facts
     from flashref.gpu.decode.prefill import BC, BR, default_splits, paged_prefill_attention
 
@@ -332,7 +335,6 @@ def _gaps(torch, model, prompts, a, b, first) -> list:
     the head in float32: ``generate.greedy_logits``) over the prompt and the common prefix;
     None where they never part. A gap near zero is a near tie, where rounding decides the
     greedy choice."""
-    from flashref.transformer.generate import greedy_logits
 
     out = []
     for i, j in enumerate(first):
@@ -348,9 +350,6 @@ def _gaps(torch, model, prompts, a, b, first) -> list:
 
 def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
     """The chapter 8 model, trained, generating greedily with each generator."""
-    from flashref.transformer.booktext import CharCorpus, book_text
-    from flashref.transformer.generate import GENERATORS, generator
-    from flashref.transformer.model import VAL_SEED, Config, train
 
     torch = ctx["torch"]
     cfg = Config()
@@ -395,17 +394,13 @@ def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
 
 
 def run(args) -> dict:
-    from flashref.gpu._runtime import _require_gpu
-    from flashref.gpu.registry import KERNEL_DIR, paste_includes
-
-    cp = _require_gpu()
-    torch, _, _ = _import_torch()
+    cp = require_gpu()
+    torch, _, _ = import_torch()
     if torch is None:
         raise SystemExit(f"{PROG}: torch is needed (the baseline and the graphs)")
     facts = device_facts(cp)
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
     ctx = {"cp": cp, "torch": torch, "l2_bytes": facts["l2_bytes"], "copy_gbps": copy}
-    from flashref.gpu.decode import HOPPER_DEFAULT_VERSION
 
     meta = {**provenance(cp, torch, decode=[HOPPER_DEFAULT_VERSION]),
             "other_sources": {name: source_hash(paste_includes(KERNEL_DIR / name))

@@ -19,9 +19,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..gpu._runtime import _device_cc
-from ..gpu.backward import _check_bwd_version
-from ..gpu.forward import _check_version
+from ..gpu._runtime import device_cc
+from ..gpu.backward import resolve_bwd_version
+from ..gpu.forward import resolve_version
 from ..transformer.booktext import CharCorpus, book_text
 from ..transformer.model import Config, train_in_turn
 from . import provenance as prov
@@ -40,9 +40,9 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
     import torch
 
     d = cfg.d_model // cfg.n_heads
-    cc = _device_cc(cupy)
-    versions = {"forward": _check_version(None, dtype, d, True, cc).number,
-                "backward": _check_bwd_version(None, dtype, d, True, cc).number}  # fmt: skip
+    cc = device_cc(cupy)
+    versions = {"forward": resolve_version(None, dtype, d, True, cc).number,
+                "backward": resolve_bwd_version(None, dtype, d, True, cc).number}  # fmt: skip
     return prov.provenance(
         cupy, torch, forward=[versions["forward"]], backward=[versions["backward"]]
     ) | {

@@ -33,6 +33,11 @@ import statistics
 import time
 from pathlib import Path
 
+from flashref.bench import training
+from flashref.bench._common import ClockSampler
+from flashref.bench.provenance import git_commit
+from flashref.transformer import model as charmodel
+
 from . import cli
 from .cli import ArgumentParser
 
@@ -90,7 +95,6 @@ def summarize(events, steps: int, top: int = 25, attention: str | None = None) -
 def _step_fn(attention: str, device: str, seed: int = 0):
     """One training step of chapter 8's model, as ``flashref.transformer.model.train`` runs it
     (``charmodel.training_parts``), and its forward and backward alone."""
-    from flashref.transformer import model as charmodel
 
     cfg = charmodel.Config()
     corpus = charmodel.CharCorpus(charmodel.book_text())
@@ -177,10 +181,6 @@ def provenance(device: str, steps: int) -> dict:
     CPU (a check of the tool) the processor, versions, date and commit."""
     import torch
 
-    from flashref.bench import training
-    from flashref.bench.provenance import git_commit
-    from flashref.transformer import model as charmodel
-
     common = {"profiled_steps": steps, "rounds": 2, "tool": PROG}
     if torch.device(device).type == "cuda":
         cfg = charmodel.Config()
@@ -210,7 +210,6 @@ def main(argv=None) -> int:
         return cli.missing(PROG, "torch is not installed (pip install torch)")
     if "flashref" in args.attention and torch.device(args.device).type != "cuda":
         parser.error(f"--attention flashref runs on a CUDA device, not --device {args.device}")
-    from flashref.bench._common import ClockSampler
 
     runs = []
     with ClockSampler(min_util=5) as clocks:  # the SM clock while kernels run (NVML)

@@ -30,7 +30,8 @@ import contextlib
 
 import numpy as np
 
-from ._runtime import _is_torch as is_torch
+from ._driver import Launcher, kinds_of
+from ._runtime import is_torch_tensor as is_torch
 
 
 def signature(arrays, scalars):
@@ -64,7 +65,6 @@ def dims3(t) -> tuple[int, int, int]:
 def launcher(kernel, args):
     """The ``_driver.Launcher`` of ``kernel`` (a CuPy ``RawKernel`` on the current device) for
     arguments of the kinds of ``args`` (``_driver.kinds_of``)."""
-    from ._driver import Launcher, kinds_of
 
     return Launcher(kernel, kinds_of(args))
 

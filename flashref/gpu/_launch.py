@@ -122,7 +122,7 @@ def _tma_args(ver, q3, k3, v3, d: int) -> tuple:
             tensor_map_of(v3.reshape(-1, d), ver.Bc(d)))  # fmt: skip
 
 
-def _as_kernel_input(x, shape):
+def as_kernel_input(x, shape):
     """C-contiguous, 16-byte aligned (for the 16-byte loads), reshaped to (B*H, N, d).
 
     An array that is all three already is returned as it is (a view costs host time)."""
@@ -149,9 +149,9 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
         O.fill(0)
         lse.fill(-np.inf)
         return
-    q3 = _as_kernel_input(q, (BH, Nq, d))  # (B*H, Nq, d)
-    k3 = _as_kernel_input(k, (BH, Nk, d))  # (B*H, Nk, d)
-    v3 = _as_kernel_input(v, (BH, Nk, d))  # (B*H, Nk, d)
+    q3 = as_kernel_input(q, (BH, Nq, d))  # (B*H, Nq, d)
+    k3 = as_kernel_input(k, (BH, Nk, d))  # (B*H, Nk, d)
+    v3 = as_kernel_input(v, (BH, Nk, d))  # (B*H, Nk, d)
     if q3.dtype.itemsize == 2 and scale < 0:  # tensor-core kernels take the row max of raw
         q3 = (q3.view(cp.uint16) ^ np.uint16(0x8000)).view(q3.dtype)  # scores: flip q's sign
         scale = -scale

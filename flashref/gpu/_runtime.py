@@ -1,9 +1,9 @@
 """What every GPU entry point needs before and around a launch: CuPy, the device, the inputs.
 
 Whether CuPy and a GPU are there (``gpu_unavailable_reason``, ``available``,
-``_require_gpu`` raising ``GPUUnavailableError``), the device's compute capability and whether
-a version's instructions exist on it (``_check_capability``), and the input checks that need
-no GPU (``_check_inputs``); how arrays reach a launch is ``_host``. The forward, backward
+``require_gpu`` raising ``GPUUnavailableError``), the device's compute capability and whether
+a version's instructions exist on it (``check_capability``), and the input checks that need
+no GPU (``check_inputs``); how arrays reach a launch is ``_host``. The forward, backward
 and decode modules import it; it imports none of them. CuPy is imported only inside the
 functions, so ``import flashref.gpu`` works on any machine.
 """
@@ -56,7 +56,7 @@ def available() -> bool:
     return gpu_unavailable_reason() is None
 
 
-def _require_gpu():
+def require_gpu():
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise GPUUnavailableError(f"flashref.gpu cannot run: {reason}")
@@ -65,16 +65,16 @@ def _require_gpu():
     return cupy
 
 
-def _device_cc(cp) -> tuple[int, int]:
+def device_cc(cp) -> tuple[int, int]:
     """The current device's compute capability as (major, minor)."""
     major, minor = divmod(int(cp.cuda.Device().compute_capability), 10)
     return major, minor
 
 
-def _check_capability(cp, ver) -> None:
+def check_capability(cp, ver) -> None:
     """The version's instructions must exist on this GPU: a clear error, not an NVRTC failure."""
     dev = cp.cuda.Device()
-    cc = _device_cc(cp)
+    cc = device_cc(cp)
     if not ver.runs_on(cc):
         name = cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
         what = f"{getattr(ver, 'kind', '')}version {ver.number} ({ver.name})"
@@ -90,18 +90,18 @@ def _check_capability(cp, ver) -> None:
         )
 
 
-def _dtype_name(x) -> str:
+def dtype_name(x) -> str:
     """'float16', 'bfloat16', ... for CuPy arrays and torch tensors alike."""
     return str(x.dtype).removeprefix("torch.")
 
 
-def _is_torch(x) -> bool:
+def is_torch_tensor(x) -> bool:
     """Whether ``x``'s type is torch's (torch is never imported here to find out)."""
     m = type(x).__module__
     return m == "torch" or m.startswith("torch.")
 
 
-def _check_inputs(q, k, v, causal, scale, return_lse, where="flash_attention"):
+def check_inputs(q, k, v, causal, scale, return_lse, where="flash_attention"):
     """Shape, dtype and argument checks that need no GPU; returns (dtype, d, scale, G).
 
     ``causal``, ``return_lse`` and ``scale`` follow the NumPy functions' rules
@@ -122,7 +122,7 @@ def _check_inputs(q, k, v, causal, scale, return_lse, where="flash_attention"):
         raise ValueError(
             f"v has shape {tuple(v.shape)}; these kernels need v's head dim equal to q's, {d}"
         )
-    dtypes = {_dtype_name(x) for x in (q, k, v)}
+    dtypes = {dtype_name(x) for x in (q, k, v)}
     if len(dtypes) != 1:
         raise TypeError(
             f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype} (no implicit casts)"

@@ -24,7 +24,7 @@ import numbers
 import numpy as np
 
 from . import _host
-from ._runtime import _check_inputs, _dtype_name, _require_gpu
+from ._runtime import check_capability, check_inputs, device_cc, dtype_name, require_gpu
 from .backward_versions import (
     BWD_VERSIONS,
     CONVERT_THREADS,
@@ -52,7 +52,7 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
         _check_array(x, name)
     # the NumPy shape rules and messages
-    dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, False, "flash_attention_backward")
+    dtype, d, scale, G = check_inputs(q, k, v, causal, scale, False, "flash_attention_backward")
     o_shape = tuple(q.shape[:-1]) + tuple(v.shape[-1:])
     for name, arr in (("o", o), ("do", do)):
         if tuple(arr.shape) != o_shape:
@@ -66,21 +66,21 @@ def check_backward_inputs(q, k, v, o, lse, do, causal, scale, version):
             f"for q {tuple(q.shape)}"
         )
     for name, x in (("o", o), ("do", do)):
-        if _dtype_name(x) != dtype:
-            raise TypeError(f"{name} has dtype {_dtype_name(x)}; expected q's dtype, {dtype}")
-    if _dtype_name(lse) != "float32":
+        if dtype_name(x) != dtype:
+            raise TypeError(f"{name} has dtype {dtype_name(x)}; expected q's dtype, {dtype}")
+    if dtype_name(lse) != "float32":
         raise TypeError(
-            f"lse has dtype {_dtype_name(lse)}; expected float32, as flash_attention(..., "
+            f"lse has dtype {dtype_name(lse)}; expected float32, as flash_attention(..., "
             "return_lse=True) returns it"
         )
     if dtype not in BWD_DTYPES:
         raise TypeError(
             f"q has dtype {dtype}; flash_attention_backward supports {', '.join(BWD_DTYPES)}"
         )
-    return dtype, d, scale, _check_bwd_version(version, dtype, d, bool(causal)), G
+    return dtype, d, scale, resolve_bwd_version(version, dtype, d, bool(causal)), G
 
 
-def _check_bwd_version(version, dtype: str, d: int, causal: bool = False, cc=None) -> BwdVersion:
+def resolve_bwd_version(version, dtype: str, d: int, causal: bool = False, cc=None) -> BwdVersion:
     """``version`` checked against the dtype and d, or for None the default of a GPU of
     compute capability ``cc`` (``default_bwd_version``; None: any GPU's table)."""
     if version is None:
@@ -147,7 +147,7 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
     ``dq (..., Nq, d)``, ``dk`` and ``dv (..., Nk, d)`` (C-contiguous, the inputs' dtype)."""
     import cupy as cp
 
-    from ._launch import MAX_GRID_Y, _as_kernel_input
+    from ._launch import MAX_GRID_Y, as_kernel_input
 
     *lead, Nq, d = q.shape
     Nk = k.shape[-2]
@@ -158,9 +158,9 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
         for x in (dq, dk, dv):
             x.fill(0)
         return
-    q3, o3, do3 = (_as_kernel_input(x, (BH, Nq, d)) for x in (q, o, do))  # (B*H, Nq, d)
-    k3, v3 = (_as_kernel_input(x, (BH, Nk, d)) for x in (k, v))  # (B*H, Nk, d)
-    lse2 = _as_kernel_input(lse, (BH, Nq))  # (B*H, Nq)
+    q3, o3, do3 = (as_kernel_input(x, (BH, Nq, d)) for x in (q, o, do))  # (B*H, Nq, d)
+    k3, v3 = (as_kernel_input(x, (BH, Nk, d)) for x in (k, v))  # (B*H, Nk, d)
+    lse2 = as_kernel_input(lse, (BH, Nq))  # (B*H, Nq)
     Dvec = cp.empty((BH, Nq), dtype=cp.float32)  # (B*H, Nq)
     dq3, dk3, dv3 = dq.reshape(BH, Nq, d), dk.reshape(BH, Nk, d), dv.reshape(BH, Nk, d)  # views
     dQacc = None if ver.deterministic_dq else cp.zeros((BH, Nq, d), dtype=cp.float32)  # atomics
@@ -265,18 +265,16 @@ class _BwdPlan:
     arguments, so that a call reads six addresses, allocates and launches."""
 
     def __init__(self, arrays, causal, scale, version):
-        from ._runtime import _check_capability, _device_cc
-
         q, k = arrays[0], arrays[1]
         dtype, d, scale, ver, G = check_backward_inputs(*arrays, causal, scale, version)
         causal = bool(causal)
-        cp = _require_gpu()
+        cp = require_gpu()
         self.cp = cp
         self.backend = b = _host.backend_of(cp, tuple(zip(_NAMES, arrays, strict=True)))
         with b.scope():
             if version is None:  # this GPU's default (BWD_HOPPER_PREFERENCE on 9.0)
-                ver = _check_bwd_version(None, dtype, d, causal, _device_cc(cp))
-            _check_capability(cp, ver)
+                ver = resolve_bwd_version(None, dtype, d, causal, device_cc(cp))
+            check_capability(cp, ver)
         self.ver, self.dtype, self.d, self.scale, self.causal, self.G = (
             ver,
             dtype,

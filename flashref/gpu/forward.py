@@ -25,15 +25,16 @@ from . import _host
 from ._host import backend_of
 from ._runtime import (
     DTYPES,
-    _check_capability,
-    _check_inputs,
-    _device_cc,
-    _require_gpu,
+    check_capability,
+    check_inputs,
+    device_cc,
+    require_gpu,
 )
+from .decode.checks import HEAD_DIMS, MAX_NQ
 from .forward_versions import VERSIONS, Version, default_forward_version
 
 
-def _check_version(version, dtype: str, d: int, causal: bool = False, cc=None) -> Version:
+def resolve_version(version, dtype: str, d: int, causal: bool = False, cc=None) -> Version:
     """The version to run: ``version`` checked against the dtype and d, or for None the
     default (``default_forward_version``) on a GPU of compute capability ``cc`` (None: any
     GPU's)."""
@@ -69,7 +70,6 @@ def _decode_route(q, k, G: int, dtype: str, causal: bool, version) -> bool:
     no version asked for, and causal only where top-left and the decode kernel's bottom-right
     alignment agree (Nq == Nk). Other grouped inputs run a numbered version once per group
     member (``_launch.launch_grouped``)."""
-    from .decode.checks import HEAD_DIMS, MAX_NQ
 
     Nq, Nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     return (
@@ -132,16 +132,16 @@ class _Plan:
     arrays' addresses, allocates the outputs and launches."""
 
     def __init__(self, q, k, v, causal, scale, version, return_lse):
-        dtype, d, scale, G = _check_inputs(q, k, v, causal, scale, return_lse)
-        causal = bool(causal)  # truthy exactly where it masks (_check_inputs)
-        ver = _check_version(version, dtype, d, causal)
-        cp = _require_gpu()
+        dtype, d, scale, G = check_inputs(q, k, v, causal, scale, return_lse)
+        causal = bool(causal)  # truthy exactly where it masks (check_inputs)
+        ver = resolve_version(version, dtype, d, causal)
+        cp = require_gpu()
         self.cp = cp
         self.backend = backend_of(cp, (("q", q), ("k", k), ("v", v)))
         with self.backend.scope():
             if version is None:  # the default of this GPU's compute capability
-                ver = _check_version(None, dtype, d, causal, _device_cc(cp))
-            _check_capability(cp, ver)
+                ver = resolve_version(None, dtype, d, causal, device_cc(cp))
+            check_capability(cp, ver)
         self.ver, self.dtype, self.d, self.scale, self.causal, self.G = (
             ver,
             dtype,

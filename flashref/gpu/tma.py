@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hardware.hopper import ELEMENT_BYTES, check_tensor_map_args
+from ._driver import encode_tensor_map
 
 MAP_DTYPE = np.dtype((np.void, 128))  # how a descriptor is passed to a CuPy launch
 
@@ -51,6 +52,5 @@ def _encode(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str, box_rows
             box_cols: int) -> bytes:  # fmt: skip
     """The driver's ``cuTensorMapEncodeTiled`` (``flashref.gpu._driver``: through ctypes, a
     microsecond or two a descriptor, where ``cuda.bindings``' wrapper objects cost tens)."""
-    from ._driver import encode_tensor_map
 
     return encode_tensor_map(ptr, rows, cols, row_bytes, dtype, box_rows, box_cols)

@@ -23,6 +23,8 @@ import numpy as np
 
 from .._checks import check_block
 from . import hopper as hp
+from . import pingpong as pp
+from .pingpong import Event
 
 WIDTH_IN, DPI = 8.0, 100
 
@@ -151,7 +153,6 @@ def schedule_boxes(events) -> list[tuple[int, int, str, tuple]]:
     """(column, warpgroup, kind, op) of each box of a ping-pong timeline, from ``run``'s events:
     kind "gemm" (a turn that issues products), "empty" (a turn that issues none) or "softmax".
     Columns number the model's steps that hold a box, in order; boxes in one step share one."""
-    from .pingpong import Event
 
     found = []
     for cw in (0, 1):
@@ -182,8 +183,6 @@ def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stage
     that issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}; "softmax j" the softmax of S_j."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
-
-    from . import pingpong as pp
 
     n_mine = (n_tiles, n_tiles) if n_mine is None else n_mine
     panels = [
@@ -321,7 +320,6 @@ def ring_boxes(n_tiles: int = 6, stages: int = 3, program=None) -> list[tuple]:
     Rows: "producer" (the TMA copy of tile j issued), "stage s" (tile j held from its copy's
     issue to its release by the last warpgroup), "warpgroup 0/1" (its products, "S_j, PV_j-1",
     and its softmax). Columns number the model's steps that hold an event, in order."""
-    from . import pingpong as pp
 
     program = pp.without_turns() if program is None else program
     events = pp.run(n_tiles, (n_tiles, n_tiles), stages, program=program)

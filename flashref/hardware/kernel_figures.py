@@ -19,6 +19,7 @@ from . import banks as bk
 from . import cp_async_ring as cr
 from . import fragments as fr
 from . import warp_split as ws
+from .fragment_figures import _lane_colours
 
 WIDTH_IN, DPI = 8.0, 100
 STEP = 1.5  # drawing units of one loop iteration of draw_cp_async_ring
@@ -86,8 +87,6 @@ def draw_bank_map(name: str = "Q", d: int = 64, matrix: int = 0, strides=None):
     ``strides`` ({3: lds, 4: lds}) defaults to ``bank_map_strides(d)``."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
-
-    from .fragment_figures import _lane_colours
 
     load = fr.kernel_load(name)
     if matrix not in range(4):

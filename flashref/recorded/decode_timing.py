@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from flashref.gpu import decode as dec
+from flashref.gpu.decode import BLOCKS_V5, choose_num_splits
+
 from .decode import impl_names, shape_of, shape_text
 
 __all__ = [
@@ -263,7 +266,6 @@ def split_sweep(paths):
     same rule filling two blocks per SM, the fastest count, their replayed times, cuDNN's;
     and whether the rule's count is the fastest or within the fastest's rounds."""
     out = _Out()
-    from flashref.gpu.decode import BLOCKS_V5, choose_num_splits
 
     for path in map(Path, paths):
         name = path.name
@@ -325,7 +327,6 @@ def profile_versions(path):
     """Versions 1 to 6 under Nsight Compute at the profile's largest shape (one split),
     contiguous and paged: DRAM throughput, issue slots, time; what the TMA versions change;
     and what each version keeps in flight per SM and the copies a tile takes."""
-    from flashref.gpu import decode as dec
 
     out = _Out()
     PROFILE = Path(path)
@@ -406,7 +407,6 @@ def profile_small(run, path, where):
     call and host time in the decode run (``where``: its file's name), with each run's
     split count; then the shapes where the better TMA version trails the better of versions
     3 and 4 in the timed calls."""
-    from flashref.gpu import decode as dec
 
     out = _Out()
     (meta, ROW, SHAPES, OURS, OURS_PAGED, V_OURS, V_PAGED, read_ceiling, measured) = _names(run)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..gpu import flash_attention
 from .simulate import _check_layout, shard_positions
 
 
@@ -68,8 +69,6 @@ def flash_attend(q, k, v, *, causal, scale):
     stream: the one this rank computes on, apart from the stream the transfers use.
     """
     import cupy
-
-    from ..gpu import flash_attention
 
     stream = torch.cuda.current_stream()
     with cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index):

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import time
 
+from ..gpu import DevicePagedKVCache, flash_attention, paged_prefill_attention
+
 GENERATORS = ("flashref", "sdpa")
 
 
@@ -173,7 +175,6 @@ class PagedGenerator(_Generator):
         ):  # fmt: skip
             raise ValueError(f"prefill_chunk must be None or a positive int, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
-        from ..gpu import DevicePagedKVCache
 
         torch = self.torch
         per_seq = -(-cfg.context // page_size)
@@ -187,8 +188,6 @@ class PagedGenerator(_Generator):
         self.plan = self.cache.plan(self.q)
 
     def _prefill(self, prompts):
-        from ..gpu import flash_attention, paged_prefill_attention
-
         torch, model, P = self.torch, self.model, prompts.shape[1]
         for s in self.seqs:  # the pages of the whole generation now: none while replaying
             self.cache.reserve(s, self.cfg.context)

@@ -157,11 +157,11 @@ def test_backward_registry_is_complete():
 
 
 def test_backward_bench_reports_missing_gpu_and_writes_nothing(no_cupy, tmp_path):
-    from flashref.bench import forward as gpu
+    from flashref.bench import backward
 
     out = tmp_path / "b.json"
     with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
-        gpu.main(["--backward", "--n", "1024", "--out", str(out)])
+        backward.main(["--n", "1024", "--out", str(out)])
     assert not out.exists()
 
 
@@ -196,7 +196,7 @@ def test_backward_versions_answer_the_capability_check():
 
 
 def _fake_cp(cc: str, name: bytes):
-    """A stand-in for CuPy that answers _check_capability's two questions."""
+    """A stand-in for CuPy that answers check_capability's two questions."""
     import types
 
     device = types.SimpleNamespace(compute_capability=cc, id=0)
@@ -237,12 +237,12 @@ def test_wgmma_backward_refuses_other_gpus_by_name():
         with pytest.raises(RuntimeError, match=rf"backward version 8 \(wgmma\) is built for "
                            rf"sm_90a and needs compute capability 9\.0 exactly; this GPU "
                            rf"\({name.decode()}\) has {re.escape(shown)}"):  # fmt: skip
-            fg._runtime._check_capability(_fake_cp(cc, name), ver)
-    fg._runtime._check_capability(_fake_cp("90", b"H200"), ver)
-    fg._runtime._check_capability(_fake_cp("100", b"B200"), fg.BWD_VERSIONS[7])
+            fg._runtime.check_capability(_fake_cp(cc, name), ver)
+    fg._runtime.check_capability(_fake_cp("90", b"H200"), ver)
+    fg._runtime.check_capability(_fake_cp("100", b"B200"), fg.BWD_VERSIONS[7])
     with pytest.raises(RuntimeError, match=r"backward version 7 \(bc64_occupancy\) needs "
                                            r"compute capability 8\.0 or higher"):  # fmt: skip
-        fg._runtime._check_capability(_fake_cp("75", b"T4"), fg.BWD_VERSIONS[7])
+        fg._runtime.check_capability(_fake_cp("75", b"T4"), fg.BWD_VERSIONS[7])
 
 
 def test_wgmma_backward_argument_errors_come_before_the_gpu(no_cupy):
@@ -308,7 +308,7 @@ def test_profile_backward_asks_ncu_and_writes_every_case(monkeypatch, tmp_path, 
         return subprocess.CompletedProcess(cmd, 0, LISTING, "")
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
-    monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
+    monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(
         profile, "_meta", lambda cp, **measured: {"gpu": "a GPU", "measured": measured}
     )
@@ -343,7 +343,7 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
         return [{**c, "kernels": 3} for c in plan]
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
-    monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
+    monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {})
     monkeypatch.setattr(
         ncu.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no")
@@ -379,18 +379,18 @@ def test_default_backward_versions_follow_the_rule_on_the_recorded_run():
 
 
 def test_default_backward_version_depends_on_the_compute_capability():
-    from flashref.gpu.backward import _check_bwd_version
+    from flashref.gpu.backward import resolve_bwd_version
     from flashref.gpu.backward_versions import BWD_HOPPER_PREFERENCE, BWD_PREFERENCE, BWD_VERSIONS
 
     for (dtype, d, causal), number in BWD_HOPPER_PREFERENCE.items():
-        ver = _check_bwd_version(None, dtype, d, causal, (9, 0))
+        ver = resolve_bwd_version(None, dtype, d, causal, (9, 0))
         assert ver.number == number and ver.runs_on((9, 0))
         for cc in ((8, 0), (8, 9), (10, 0), None):
-            other = _check_bwd_version(None, dtype, d, causal, cc)
+            other = resolve_bwd_version(None, dtype, d, causal, cc)
             assert other.number == BWD_PREFERENCE[dtype, d, causal]
             assert not BWD_VERSIONS[other.number].arch  # runs on any of them
     with pytest.raises(ValueError, match="head dim d=96"):
-        _check_bwd_version(None, "float16", 96, False, (9, 0))
+        resolve_bwd_version(None, "float16", 96, False, (9, 0))
 
 
 def test_wgmma_backward_tensor_maps_in_the_kernels_order(monkeypatch):
@@ -431,7 +431,7 @@ def test_profile_source_samples_the_version_it_names(monkeypatch, tmp_path, back
         return [{"kernel": kernel, "samples": 1.0} for _ in plan]
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
-    monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
+    monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {})
     monkeypatch.setattr(source, "source_profile", fake_source_profile)
     out = tmp_path / "src.json"

@@ -222,10 +222,10 @@ def test_after_flashref_forward(cp, dtype, causal):
     O, lse = flash_attention(gq, gk, gv, causal=causal, return_lse=True)
     got = [cp.asnumpy(x) for x in flash_attention_backward(gq, gk, gv, O, lse, gdo, causal=causal)]
     errs = _rel_errs(got, ref)
-    from flashref.gpu._runtime import _device_cc
-    from flashref.gpu.backward import _check_bwd_version
+    from flashref.gpu._runtime import device_cc
+    from flashref.gpu.backward import resolve_bwd_version
 
-    default = _check_bwd_version(None, dtype, 64, causal, _device_cc(cp))  # what ran above
+    default = resolve_bwd_version(None, dtype, 64, causal, device_cc(cp))  # what ran above
     Tc = default.dq_adds(257)  # dQ's float32 additions per element in that version
     naive = _naive_same_precision(cp, gq, gk, gv, cp.asarray(o64), gdo, causal, 0.125)
     for name, err, n_err in zip(("dq", "dk", "dv"), errs, _rel_errs(naive, ref), strict=True):
@@ -262,10 +262,10 @@ def test_default_is_the_table_of_this_gpu(cp, d, causal):
     """version=None runs this GPU's default (on an H200 backward version 8): dK and dV are
     the same bits as that version's by number, and all three within the ceiling."""
     from flashref.gpu import flash_attention_backward
-    from flashref.gpu._runtime import _device_cc
+    from flashref.gpu._runtime import device_cc
     from flashref.gpu.backward_versions import default_bwd_version
 
-    number = default_bwd_version("float16", d, causal, _device_cc(cp))
+    number = default_bwd_version("float16", d, causal, device_cc(cp))
     inputs, ref = _case("float16", (2, 2), 300, 300, d, causal)
     args = [cp.asarray(x) for x in inputs]
     out = flash_attention_backward(*args, causal=causal)

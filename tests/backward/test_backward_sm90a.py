@@ -116,9 +116,9 @@ def _check_api(cp, number: int, dtype: str, d: int) -> dict:
 
 
 def _child(number: int, dtype: str, d: int) -> None:
-    from flashref.gpu._runtime import _require_gpu
+    from flashref.gpu._runtime import require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     ver = BWD_VERSIONS[number]
     jobs = [([list(case[0]), *case[1:]], lambda a=case: _check_case(cp, ver, dtype, d, *a))
             for case in CASES]  # fmt: skip
@@ -142,9 +142,9 @@ def _child(number: int, dtype: str, d: int) -> None:
 @pytest.fixture(scope="module")
 def hopper(request) -> frozenset:
     """The (number, dtype, d) groups of the tests pytest will run here (``-k bf16``: fewer)."""
-    from flashref.gpu._runtime import _require_gpu
+    from flashref.gpu._runtime import require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     cc = cp.cuda.Device().compute_capability
     if cc != "90":
         pytest.skip(f"backward versions {NUMBERS} need compute capability 9.0 (sm_90a); "

@@ -50,7 +50,7 @@ def test_profile_hopper_keeps_listed_counters_and_prints_the_tensor_pipe(
         return subprocess.CompletedProcess(cmd, 0, LISTING, "")
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
-    monkeypatch.setattr(fg._runtime, "_require_gpu", lambda: None)
+    monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {"gpu": "a GPU"})
     monkeypatch.setattr(ncu.subprocess, "run", fake_run)
     monkeypatch.setattr(profile, "profile", fake_profile)

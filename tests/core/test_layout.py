@@ -113,7 +113,7 @@ def _module_aliases(name: str) -> dict[str, str]:
 
 
 def test_every_attribute_of_an_imported_module_exists():
-    """``gpu._check_inputs`` where ``gpu`` is ``flashref.gpu``: the attribute is defined there
+    """``gpu.check_inputs`` where ``gpu`` is ``flashref.gpu``: the attribute is defined there
     (or is a submodule), so a name that moved to another module is caught without a GPU."""
     bad = []
     for name, path in MODULES.items():

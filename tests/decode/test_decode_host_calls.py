@@ -71,17 +71,17 @@ def test_a_reused_workspace_gives_the_bits_of_a_fresh_one(cp, monkeypatch):
 
 
 def test_kernel_inputs_pass_as_they_are_or_are_copied(cp):
-    from flashref.gpu._launch import _as_kernel_input
+    from flashref.gpu._launch import as_kernel_input
 
     x = cp.arange(4 * 8 * 64, dtype=cp.float16).reshape(4, 8, 64)
-    assert _as_kernel_input(x, x.shape) is x
-    y = _as_kernel_input(x, (32, 64))
+    assert as_kernel_input(x, x.shape) is x
+    y = as_kernel_input(x, (32, 64))
     assert y.data.ptr == x.data.ptr and y.shape == (32, 64)
     odd = x.ravel()[1 : 1 + 4 * 8 * 63].reshape(4, 8, 63)  # 2 bytes past an aligned start
     assert odd.data.ptr % 16 == 2
-    z = _as_kernel_input(odd, odd.shape)
+    z = as_kernel_input(odd, odd.shape)
     assert z.data.ptr % 16 == 0 and bool((z == odd).all())
-    t = _as_kernel_input(x.transpose(1, 0, 2), (8, 4, 64))  # not contiguous: a copy
+    t = as_kernel_input(x.transpose(1, 0, 2), (8, 4, 64))  # not contiguous: a copy
     assert t.flags.c_contiguous and bool((t == x.transpose(1, 0, 2)).all())
 
 

@@ -172,10 +172,10 @@ def test_default_is_the_table_of_this_gpu(cp, dtype, d, causal):
     """version=None runs what default_forward_version names for this GPU's compute capability (on an
     H200 the sm_90a table): the same bits as asking for that version by number."""
     from flashref.gpu import flash_attention
-    from flashref.gpu._runtime import _device_cc
+    from flashref.gpu._runtime import device_cc
     from flashref.gpu.forward_versions import default_forward_version
 
-    number = default_forward_version(dtype, d, causal, _device_cc(cp))
+    number = default_forward_version(dtype, d, causal, device_cc(cp))
     q, k, v, ref, _ = _case(dtype, (2, 2), 300, 300, d, causal)
     q, k, v = cp.asarray(q), cp.asarray(k), cp.asarray(v)
     O = flash_attention(q, k, v, causal=causal)

@@ -225,13 +225,13 @@ def test_versions_table_is_complete():
 def test_default_version_follows_the_table():
     for (dtype, d, causal), number in fg.PREFERENCE.items():
         assert dtype in fg.VERSIONS[number].dtypes
-        got = fg.forward._check_version(None, dtype, d if d is not None else 40, causal)
+        got = fg.forward.resolve_version(None, dtype, d if d is not None else 40, causal)
         assert got.number == number
     for dtype in ("float16", "bfloat16"):
         for d in (64, 128):
             for causal in (False, True):
                 assert (dtype, d, causal) in fg.PREFERENCE
-    assert fg.forward._check_version(None, "float32", 40).number == 2
+    assert fg.forward.resolve_version(None, "float32", 40).number == 2
 
 
 def test_capability_is_checked_before_compiling():
@@ -246,8 +246,8 @@ def test_capability_is_checked_before_compiling():
     fake_cp = types.SimpleNamespace(cuda=cuda)
     with pytest.raises(RuntimeError, match=r"version 14 .* needs compute capability 8\.0 .*"
                                            r"\(Tesla T4\) has 7\.5"):  # fmt: skip
-        fg._runtime._check_capability(fake_cp, fg.VERSIONS[14])
-    fg._runtime._check_capability(fake_cp, fg.VERSIONS[1])  # plain CUDA: any GPU CuPy supports
+        fg._runtime.check_capability(fake_cp, fg.VERSIONS[14])
+    fg._runtime.check_capability(fake_cp, fg.VERSIONS[1])  # plain CUDA: any GPU CuPy supports
 
 
 def test_hopper_version_runs_on_compute_9_0_only():
@@ -267,7 +267,7 @@ def test_hopper_version_runs_on_compute_9_0_only():
     )
     with pytest.raises(RuntimeError, match=r"version 19 .* built for sm_90a .* capability 9\.0 "
                                            r"exactly; this GPU \(B200\) has 10\.0"):  # fmt: skip
-        fg._runtime._check_capability(types.SimpleNamespace(cuda=cuda), v19)
+        fg._runtime.check_capability(types.SimpleNamespace(cuda=cuda), v19)
     # Q (128, d), K and V (2 stages, Bc, d) of 16-bit elements, unpadded, + 1024 for alignment
     assert v19.smem_bytes(64) == 2 * (128 + 4 * 128) * 64 + 1024
     assert v19.smem_bytes(128) == 2 * (128 + 4 * 64) * 128 + 1024
@@ -328,8 +328,8 @@ def test_three_consumer_version_registry():
     assert "#define NWG 3" in text and "#define KV_STAGES 3" in text
     for dtype in ver.dtypes:  # d = 128 is refused by name before any GPU work
         with pytest.raises(ValueError, match=r"head dim d=128; version 24 supports d in \(64,\)"):
-            fg.forward._check_version(24, dtype, 128)
-        assert fg.forward._check_version(24, dtype, 64) is ver
+            fg.forward.resolve_version(24, dtype, 128)
+        assert fg.forward.resolve_version(24, dtype, 64) is ver
 
 
 def _recorded_tflops(name: str) -> dict:
@@ -370,16 +370,16 @@ def test_default_version_depends_on_the_compute_capability():
     """version=None: HOPPER_PREFERENCE on 9.0 only; PREFERENCE on 8.x and on later GPUs, where
     the sm_90a code cannot run; float32 takes version 2 everywhere."""
     for (dtype, d, causal), number in fg.HOPPER_PREFERENCE.items():
-        ver = fg.forward._check_version(None, dtype, d, causal, (9, 0))
+        ver = fg.forward.resolve_version(None, dtype, d, causal, (9, 0))
         assert ver.number == number and ver.runs_on((9, 0)) and ver.arch == "sm_90a"
         for cc in ((8, 0), (8, 9), (10, 0), None):
-            other = fg.forward._check_version(None, dtype, d, causal, cc)
+            other = fg.forward.resolve_version(None, dtype, d, causal, cc)
             assert other.number == fg.PREFERENCE[dtype, d, causal]
             assert cc is None or other.runs_on(cc)
     for causal in (False, True):
-        assert fg.forward._check_version(None, "float32", 40, causal, (9, 0)).number == 2
+        assert fg.forward.resolve_version(None, "float32", 40, causal, (9, 0)).number == 2
     with pytest.raises(ValueError, match="head dim d=96"):
-        fg.forward._check_version(None, "float16", 96, False, (9, 0))
+        fg.forward.resolve_version(None, "float16", 96, False, (9, 0))
 
 
 def test_kernel_diff_shows_only_what_a_version_changed():
@@ -439,8 +439,8 @@ def test_persistent_three_consumer_version_registry_and_grid():
     assert v24.grid(4097, 8, 132) == (22, 8)
     for dtype in ver.dtypes:  # d = 128 is refused by name before any GPU work, as for v24
         with pytest.raises(ValueError, match=r"head dim d=128; version 28 supports d in \(64,\)"):
-            fg.forward._check_version(28, dtype, 128)
-        assert fg.forward._check_version(28, dtype, 64) is ver
+            fg.forward.resolve_version(28, dtype, 128)
+        assert fg.forward.resolve_version(28, dtype, 64) is ver
     assert 28 not in PREFERENCE.values() and 28 not in HOPPER_PREFERENCE.values()
     text = ver.path.read_text()
     assert "int BH)" in text and "flash_v28(" in text and "#define CONSUMER_REGS 160" in text
@@ -499,7 +499,7 @@ def test_lean3_version_registry_and_source():
         assert ver.grid(*args) == v28.grid(*args), args
     for dtype in ver.dtypes:  # d = 128 is refused by name before any GPU work, as for v28
         with pytest.raises(ValueError, match=r"head dim d=128; version 30 supports d in \(64,\)"):
-            fg.forward._check_version(30, dtype, 128)
+            fg.forward.resolve_version(30, dtype, 128)
     assert 30 not in PREFERENCE.values()  # sm_90a only: not for other GPUs
     text = ver.source()  # with its headers (consumer_loop.cuh, tile_scheduler.cuh) pasted in
     kernel = text.split('extern "C" __global__')[1]

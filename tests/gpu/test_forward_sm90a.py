@@ -97,9 +97,9 @@ def _child(number: int, dtype: str, d: int) -> None:
     import test_forward as base
 
     from flashref.gpu import VERSIONS
-    from flashref.gpu._runtime import _require_gpu
+    from flashref.gpu._runtime import require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     if dtype == "bfloat16":
         import ml_dtypes  # noqa: F401
     from flashref.gpu import _launch
@@ -151,9 +151,9 @@ def _check_api(cp, number: int, dtype: str, d: int) -> dict:
 @pytest.fixture(scope="module")
 def hopper(request) -> frozenset:
     """The (number, dtype, d) groups of the tests pytest will run here (``-k v24``: only v24's)."""
-    from flashref.gpu._runtime import _require_gpu
+    from flashref.gpu._runtime import require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     cc = cp.cuda.Device().compute_capability
     if cc != "90":
         pytest.skip(f"versions {NUMBERS} need compute capability 9.0 (sm_90a); this GPU is {cc}")

@@ -37,9 +37,9 @@ CASES = [(s, dt, n) for s in STAGES for dt in DTYPES for n in (64, 128)
 
 @pytest.fixture(scope="module")
 def hopper():
-    from flashref.gpu._runtime import _require_gpu
+    from flashref.gpu._runtime import require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     cc = cp.cuda.Device().compute_capability
     if cc != "90":
         pytest.skip(f"needs compute capability 9.0 (Hopper, sm_90a); this GPU is {cc}")

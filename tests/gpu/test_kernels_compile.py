@@ -232,7 +232,7 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
         )
 
     fake_launch = types.ModuleType("flashref.gpu._launch")
-    fake_launch._as_kernel_input = lambda x, shape: np.ascontiguousarray(x).reshape(shape)
+    fake_launch.as_kernel_input = lambda x, shape: np.ascontiguousarray(x).reshape(shape)
     fake_launch.tensor_map_of = _Map
     device, stream = types.SimpleNamespace(id=0), types.SimpleNamespace(ptr=0)
     cuda = types.SimpleNamespace(Device=lambda: device, get_current_stream=lambda: stream)

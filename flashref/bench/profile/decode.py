@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...gpu.decode import VERSIONS
 from .ncu import STALL, group_by_case, run_ncu, summarise
 
 DECODE_SECTIONS = ("LaunchStats", "Occupancy", "WarpStateStats")
@@ -60,7 +61,6 @@ TOP_STALLS = 4
 def decode_plan(versions=None, cudnn: bool = True) -> list[dict]:
     """One ncu_target case per (version, shape), then SDPA cuDNN's at each contiguous shape
     (``version`` None) unless ``cudnn`` is False."""
-    from ...gpu.decode import VERSIONS
 
     chosen = sorted(VERSIONS) if not versions else [v for v in VERSIONS if v in versions]
     impls = [(f"decode_v{v}", v) for v in chosen] + ([(CUDNN, None)] if cudnn else [])

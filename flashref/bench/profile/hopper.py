@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...gpu import VERSIONS
 from .ncu import PROFILE_SHAPE, print_cases, profile_with_extras
 
 HOPPER_METRICS = (
@@ -45,7 +46,6 @@ TOP_STALLS = 4
 def hopper_plan(versions=None) -> list[dict]:
     """v14, the sm_90a versions (or ``versions``) and SDPA cuDNN, d = 64 and 128, fp16; each
     version at the head dims it offers."""
-    from ...gpu import VERSIONS
 
     chosen = [v for v in VERSIONS.values() if (v.arch or v.number == 14)
               and (not versions or v.number in versions)]  # fmt: skip

@@ -41,6 +41,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ...gpu import BWD_VERSIONS, VERSIONS
+from ...gpu._runtime import require_gpu
 from .. import cli
 from ..cli import ArgumentParser
 from .ncu import (
@@ -82,8 +84,6 @@ PROG = "python -m flashref.bench profile"
 
 
 def version_plan(quick: bool = False, only=None) -> list[dict]:
-    from ...gpu import VERSIONS
-
     plan = []
     for d in (64,) if quick else (64, 128):
         for ver in VERSIONS.values():
@@ -95,7 +95,6 @@ def version_plan(quick: bool = False, only=None) -> list[dict]:
 
 def backward_plan(only=None) -> list[dict]:
     """Every backward version (or those in ``only``) at PROFILE_SHAPE, d = 64 and 128, fp16."""
-    from ...gpu import BWD_VERSIONS
 
     return [{"impl": f"bwd{ver.number}", "d": d, "causal": False, "dtype": "float16",
              **PROFILE_SHAPE}
@@ -215,9 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("ncu") is None:
         what = "ncu (Nsight Compute) is not on PATH: nothing profiled; it ships with the CUDA"
         return cli.missing(PROG, f"{what} toolkit (nsight-compute): put its folder on PATH")
-    from ...gpu._runtime import _require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     meta = _meta(cp, **measured_families(args))
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)

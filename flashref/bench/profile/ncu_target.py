@@ -25,14 +25,16 @@ import sys
 
 import numpy as np
 
+from ...gpu._runtime import require_gpu
+from ...gpu.decode import decode_plan
+from ...gpu.decode.launch import launch
+from ..decode import PAGE_SIZE
+
 MARKER_SRC = 'extern "C" __global__ void flashref_marker(int case_index) {}'
 
 
 def decode_call(cp, case: dict):
     """A function that runs a decode case once, on normals made for it."""
-    from ...gpu.decode import decode_plan
-    from ...gpu.decode.launch import launch
-    from ..decode import PAGE_SIZE
 
     B, Hq, Hkv, Nk, d = (case[k] for k in ("B", "Hq", "Hkv", "Nk", "d"))
     rng = cp.random.default_rng(0)
@@ -112,9 +114,8 @@ def make_call(cp, case: dict, inputs):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(open(argv[0]).read())
-    from ...gpu._runtime import _require_gpu
 
-    cp = _require_gpu()
+    cp = require_gpu()
     if any(case["dtype"] == "bfloat16" for case in plan):
         import ml_dtypes  # noqa: F401  (registers "bfloat16" with NumPy)
     marker = cp.RawKernel(MARKER_SRC, "flashref_marker")

@@ -34,7 +34,9 @@ import math
 from dataclasses import dataclass
 
 from ..._checks import check_block, check_shapes, group_size
+from ...kvcache import PagedKVCache
 from .. import _host
+from .._runtime import require_gpu
 from .check_memo import CheckMemo
 from .checks import (
     HEAD_DIMS,
@@ -162,9 +164,7 @@ def _direct_key(arrays, tables, scalars):
 
 def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
          key=None, **kw):  # fmt: skip
-    from .._runtime import _require_gpu
-
-    cp = _require_gpu()
+    cp = require_gpu()
     b = _host.backend_of(cp, tuple(zip(("q", *names), (q, k, v), strict=True)))
     for name, x in (("block_table", bt), ("lengths", lengths)):
         if x is not None and is_device_array(x) and (b.kind == "torch") != _host.is_torch(x):
@@ -361,7 +361,6 @@ def cache_decode_attention(q, cache, seqs, **kwargs):
     ``v_pages``); ``cache.block_table(seqs)`` gives the table and lengths, as on the CPU.
     Keyword arguments are those of ``paged_decode_attention``.
     """
-    from ...kvcache import PagedKVCache
 
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")

@@ -38,6 +38,9 @@ import numpy as np
 
 from ...kvcache import PageTable
 from .. import _host
+from .._runtime import require_gpu
+from ..registry import KERNEL_DIR
+from .plan import PagedDecodePlan
 
 DTYPES = ("float16", "bfloat16")
 SLOT_THREADS = 128
@@ -81,8 +84,6 @@ class DevicePagedKVCache:
     def __init__(self, num_pages, page_size, num_kv_heads, head_dim, *, max_batch,
                  max_pages_per_seq=None, num_layers=1, max_step_tokens=None, dtype="float16",
                  library="torch", device=None):  # fmt: skip
-        from .._runtime import _require_gpu
-
         self.pages = PageTable(num_pages, page_size)
         self.page_size = self.pages.page_size
         self.num_kv_heads = _positive(num_kv_heads, "num_kv_heads")
@@ -103,7 +104,7 @@ class DevicePagedKVCache:
         if library not in LIBRARIES:
             raise ValueError(f"library is {library!r}; expected one of {LIBRARIES}")
         self.dtype, self.library = name, library
-        cp = self._cp = _require_gpu()
+        cp = self._cp = require_gpu()
         shape = (self.num_layers, self.pages.num_pages, self.num_kv_heads, self.page_size,
                  self.head_dim)  # fmt: skip
         B, W = self.max_batch, self.max_pages_per_seq
@@ -306,7 +307,6 @@ class DevicePagedKVCache:
         """A ``PagedDecodePlan`` of ``q (max_batch, Hq, Nq, d)`` over this cache's table and
         lengths (any layer's pools: they share one shape); keyword arguments as
         ``PagedDecodePlan``'s."""
-        from .plan import PagedDecodePlan
 
         k, v = self.pools(0)
         return PagedDecodePlan(q, k, v, self.block_table, self.lengths, **kwargs)
@@ -354,7 +354,6 @@ def _function(cp, name: str, device: int):
 @functools.lru_cache(maxsize=8)
 def _module(cp, device: int):
     from .._launch import NVRTC_OPTIONS
-    from ..registry import KERNEL_DIR
 
     source = (KERNEL_DIR / "decode" / "paged_cache.cu").read_text()
     return cp.RawModule(code=source, options=NVRTC_OPTIONS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._checks import causal_bottom_right, check_block, check_flag, check_scale
+from .._runtime import dtype_name
 
 MAX_NQ = 16
 HEAD_DIMS = (64, 128)
@@ -23,10 +24,6 @@ DTYPES = ("float16", "bfloat16")
 SM90A_VERSIONS = (5, 6, 7)  # decode versions built for sm_90a: compute capability 9.0 exactly
 TILE_KEYS = 64  # keys per tile (flashref.gpu.decode.TILE_KEYS): version 5's TMA box rows
 TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
-
-
-def dtype_name(x) -> str:
-    return str(x.dtype).removeprefix("torch.")
 
 
 def check_arrays(q, k, v, kname: str, vname: str) -> None:

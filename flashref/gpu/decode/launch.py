@@ -18,6 +18,8 @@ import numpy as np
 from .. import _host
 from .checks import SM90A_VERSIONS, check_page_size
 from .checks import TILE_KEYS as BC
+from .versions import VERSIONS
+from .workspace import partials, views
 
 
 def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan, O=None,
@@ -34,13 +36,13 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     None (every sequence has ``page_size`` keys). Every output element is written. The
     partials of ``S > 1`` splits live in ``flashref.gpu.decode.workspace``'s buffer.
     """
-    from .._launch import _as_kernel_input
+    from .._launch import as_kernel_input
 
     B, Hq, Nq, d = q.shape
     if bt is not None:  # a contiguous cache's tile may run past Nk: those keys are past L
         check_page_size(page_size, K.shape[0] * Hkv * page_size, plan.version, "K")
-    q = _as_kernel_input(q, q.shape)  # as they are when already contiguous and aligned
-    K, V = _as_kernel_input(K, K.shape), _as_kernel_input(V, V.shape)
+    q = as_kernel_input(q, q.shape)  # as they are when already contiguous and aligned
+    K, V = as_kernel_input(K, K.shape), as_kernel_input(V, V.shape)
     if scale < 0:  # the kernel takes the row max of raw scores: flip q's sign instead
         q = (q.view(cp.uint16) ^ np.uint16(0x8000)).view(q.dtype)
         scale = -scale
@@ -92,8 +94,6 @@ class DirectDecode:
 
     def __init__(self, cp, b, q, K, bt, lengths, *, Hkv, page_size, max_pages, causal, scale,
                  plan, keep_lse=True):  # fmt: skip
-        from .versions import VERSIONS
-
         tables = tuple(x for x in (bt, lengths) if x is not None)
         self.usable = (
             scale > 0
@@ -194,14 +194,13 @@ def _partials(cp, rows: int, S: int, d: int, O, lse, fresh: bool = False):
     if S == 1:
         yield O, lse
         return
-    from .workspace import partials, views
 
     if fresh:
         yield views(cp.empty(rows * S * (d + 1), dtype=cp.float32), rows, S, d)
         return
 
-    with partials(cp, rows, S, d) as views:
-        yield views
+    with partials(cp, rows, S, d) as parts:
+        yield parts
 
 
 @functools.lru_cache(maxsize=256, typed=True)

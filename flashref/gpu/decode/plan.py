@@ -21,9 +21,11 @@ buffer, written by every run: use it before the next run, or give ``out=``.
 from __future__ import annotations
 
 from .. import _host
+from .._runtime import require_gpu
 from .api import _PAGED_CHECKS, decode_plan
 from .checks import check_device, check_device_ints, is_device_array
 from .launch import DirectDecode
+from .versions import default_decode_version
 
 
 class PagedDecodePlan:
@@ -45,8 +47,6 @@ class PagedDecodePlan:
     def __init__(self, q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
                  scale=None, num_splits=None, version=None):  # fmt: skip
         from .._launch import device_facts
-        from .._runtime import _require_gpu
-        from .versions import default_decode_version
 
         version, causal, scale, num_splits = _PAGED_CHECKS(
             (q, k_pages, v_pages), (version, causal, scale, num_splits, False))  # fmt: skip
@@ -60,7 +60,7 @@ class PagedDecodePlan:
         (B, Hq, Nq, d), (P, Hkv, ps, _) = tuple(q.shape), tuple(k_pages.shape)
         check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
         check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
-        cp = _require_gpu()
+        cp = require_gpu()
         names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages),
                  ("block_table", block_table), ("lengths", lengths))  # fmt: skip
         b = self._b = _host.backend_of(cp, names)

@@ -33,6 +33,8 @@ import numpy as np
 
 from ..._checks import causal_bottom_right, check_flag, check_scale, group_size
 from .. import _host
+from .._runtime import require_gpu
+from ..registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 from .checks import (
     DTYPES,
     HEAD_DIMS,
@@ -118,7 +120,6 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    from .._runtime import _require_gpu
 
     causal, scale, dtype = _checks(q, k_pages, v_pages, causal, scale, return_lse, splits)
     B, Hq, Nq, d = (int(x) for x in q.shape)
@@ -147,8 +148,8 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
                 f"lengths[{b}] is {int(L[b])} but q has Nq = {Nq} queries per sequence: "
                 "append the chunk's keys and values before its queries attend (lengths >= Nq)"
             )
-    cp = _require_gpu()
-    from .._launch import device_facts  # imports CuPy: after the checks and _require_gpu
+    cp = require_gpu()
+    from .._launch import device_facts  # imports CuPy: after the checks and require_gpu
 
     names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages))
     b = _host.backend_of(cp, names)
@@ -213,7 +214,6 @@ _LAUNCHERS: dict = {}
 def _function(cp, d: int, dtype: str, device: int):
     """The compiled kernel and its combine kernel for (d, dtype) on ``device``."""
     from .._launch import NVRTC_OPTIONS
-    from ..registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
     source = paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
     opts = (*NVRTC_OPTIONS, "-arch=sm_90a", f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
