@@ -196,8 +196,9 @@ def closed_form_q_outer(Nq, Nk, d, dv=None, *, Br, Bc, itemsize=2, stat_itemsize
     Tr, E = _ceil_div(Nq, Br), min(Nq, Nk)
     a = E // Br
     keys = Br * a * (a + 1) // 2 + (Tr - a) * E if causal else Tr * Nk  # summed over tiles
-    return Traffic({"Q": Nq * d * s, "K": keys * d * s, "V": keys * dv * s},
-                   {"O": Nq * dv * s, "lse": Nq * st})  # fmt: skip
+    return Traffic(
+        {"Q": Nq * d * s, "K": keys * d * s, "V": keys * dv * s}, {"O": Nq * dv * s, "lse": Nq * st}
+    )
 
 
 def closed_form_kv_outer(Nq, Nk, d, dv=None, *, Br, Bc, itemsize=2, stat_itemsize=4, causal=False):
@@ -218,10 +219,16 @@ def closed_form_kv_outer(Nq, Nk, d, dv=None, *, Br, Bc, itemsize=2, stat_itemsiz
         visits = Tc * Nq
     n = Nq + visits  # stores: the initial ones and one per visit
     return Traffic(
-        {"K": Nk * d * s, "V": Nk * dv * s, "Q": visits * d * s, "O": visits * dv * s,
-         "l": visits * st, "m": visits * st},
+        {
+            "K": Nk * d * s,
+            "V": Nk * dv * s,
+            "Q": visits * d * s,
+            "O": visits * dv * s,
+            "l": visits * st,
+            "m": visits * st,
+        },
         {"O": n * dv * s, "l": n * st, "m": n * st},
-    )  # fmt: skip
+    )
 
 
 def flash_traffic(Nq, Nk, d, M, *, order, itemsize=2, stat_itemsize=4, causal=False, walk=False):
@@ -231,16 +238,19 @@ def flash_traffic(Nq, Nk, d, M, *, order, itemsize=2, stat_itemsize=4, causal=Fa
     (FlashAttention-2, ``fa2_blocks``). ``walk=True`` walks the loops instead
     of using the closed form: the same numbers, more slowly.
     """
-    forms = {"kv_outer": (paper_blocks, walk_kv_outer, closed_form_kv_outer),
-             "q_outer": (fa2_blocks, walk_q_outer, closed_form_q_outer)}  # fmt: skip
+    forms = {
+        "kv_outer": (paper_blocks, walk_kv_outer, closed_form_kv_outer),
+        "q_outer": (fa2_blocks, walk_q_outer, closed_form_q_outer),
+    }
     if order not in forms:
         raise ValueError(f"order must be 'kv_outer' or 'q_outer', got {order!r}")
     blocks, walker, formula = forms[order]
     walk = _flag(walk, "walk")
     Br, Bc = blocks(M, d, itemsize)
     count = walker if walk else formula
-    return count(Nq, Nk, d, Br=Br, Bc=Bc, itemsize=itemsize, stat_itemsize=stat_itemsize,
-                 causal=causal)  # fmt: skip
+    return count(
+        Nq, Nk, d, Br=Br, Bc=Bc, itemsize=itemsize, stat_itemsize=stat_itemsize, causal=causal
+    )
 
 
 # Unfused attention, one step (one kernel) a line: (what it does, arrays read, arrays written).
@@ -270,8 +280,16 @@ def standard_traffic(Nq, Nk, d, dv=None, *, itemsize=2, steps=ALGORITHM_0):
     inside one matrix product are the caches' business.
     """
     Nq, Nk, d, dv = _dims(Nq, Nk, d, dv)
-    size = {"Q": Nq * d, "K": Nk * d, "V": Nk * dv, "O": Nq * dv, "S": Nq * Nk,
-            "P": Nq * Nk, "m": Nq, "l": Nq}  # fmt: skip
+    size = {
+        "Q": Nq * d,
+        "K": Nk * d,
+        "V": Nk * dv,
+        "O": Nq * dv,
+        "S": Nq * Nk,
+        "P": Nq * Nk,
+        "m": Nq,
+        "l": Nq,
+    }
     io = _Counter(itemsize, itemsize)
     for what, reads, writes in steps:
         for name in (*reads, *writes):
@@ -313,11 +331,22 @@ def gpu_traffic(Nq, Nk, d, dv=None, *, Br, heads, l2_bytes, itemsize=2, causal=F
 _NUM, _NONE = numbers.Real, type(None)
 _META = {"gpu": str, "ncu": str, "cupy": str, "date": str, "clock_control": str}
 # written by later versions of ``python -m flashref.bench profile``; checked when present
-_META_OPTIONAL = {"driver": str, "nvidia_smi": str, "torch": (str, _NONE),
-                  "l2_cache_bytes": _NUM}  # fmt: skip
-_ROW = {"impl": str, "label": str, "N": int, "B": int, "H": int, "d": int, "causal": bool,
-        "dtype": str, "kernels": int, "dram_read_bytes": _NUM, "dram_write_bytes": _NUM,
-        "l2_bytes": _NUM, "ms": (_NUM, _NONE)}  # fmt: skip
+_META_OPTIONAL = {"driver": str, "nvidia_smi": str, "torch": (str, _NONE), "l2_cache_bytes": _NUM}
+_ROW = {
+    "impl": str,
+    "label": str,
+    "N": int,
+    "B": int,
+    "H": int,
+    "d": int,
+    "causal": bool,
+    "dtype": str,
+    "kernels": int,
+    "dram_read_bytes": _NUM,
+    "dram_write_bytes": _NUM,
+    "l2_bytes": _NUM,
+    "ms": (_NUM, _NONE),
+}
 ITEMSIZE = {"float16": 2, "float32": 4}
 
 
@@ -376,17 +405,36 @@ def compare(rows, *, Br, l2_bytes):
                 raise ValueError(f"{impl}, causal: naive CuPy's causal bias pass is not modelled")
             dram = l2 = standard_traffic(N, N, d, itemsize=s, steps=NAIVE_CUPY).times(heads)
         elif impl in Br:
-            dram, l2, _ = gpu_traffic(N, N, d, Br=Br[impl], heads=heads, l2_bytes=l2_bytes,
-                                      itemsize=s, causal=row["causal"])  # fmt: skip
+            dram, l2, _ = gpu_traffic(
+                N,
+                N,
+                d,
+                Br=Br[impl],
+                heads=heads,
+                l2_bytes=l2_bytes,
+                itemsize=s,
+                causal=row["causal"],
+            )
         else:
             raise ValueError(f"no model for impl {impl!r}: give its query-tile rows in Br")
         measured = row["dram_read_bytes"] + row["dram_write_bytes"]
-        table.append(dict(
-            impl=impl, label=row["label"], N=N, B=row["B"], H=row["H"], d=d,
-            causal=row["causal"], ms=row["ms"],
-            algorithm0_bytes=standard_traffic(N, N, d, itemsize=s).times(heads).total_bytes,
-            model_dram_bytes=dram.total_bytes, dram_bytes=measured,
-            dram_ratio=measured / dram.total_bytes, model_l2_bytes=l2.total_bytes,
-            l2_bytes=row["l2_bytes"], l2_ratio=row["l2_bytes"] / l2.total_bytes,
-        ))  # fmt: skip
+        table.append(
+            dict(
+                impl=impl,
+                label=row["label"],
+                N=N,
+                B=row["B"],
+                H=row["H"],
+                d=d,
+                causal=row["causal"],
+                ms=row["ms"],
+                algorithm0_bytes=standard_traffic(N, N, d, itemsize=s).times(heads).total_bytes,
+                model_dram_bytes=dram.total_bytes,
+                dram_bytes=measured,
+                dram_ratio=measured / dram.total_bytes,
+                model_l2_bytes=l2.total_bytes,
+                l2_bytes=row["l2_bytes"],
+                l2_ratio=row["l2_bytes"] / l2.total_bytes,
+            )
+        )
     return table

@@ -101,11 +101,14 @@ class PageTable:
             raise CacheFullError(
                 f"the cache is full: sequence {s} ({self.lengths[s]} tokens) needs "
                 f"{needed[s]} more pages of {self.page_size} tokens for {needs[s]} new ones"
-                + (f" ({total} for the {len(needed)} sequences of the step)" if len(needed) > 1
-                   else "")
+                + (
+                    f" ({total} for the {len(needed)} sequences of the step)"
+                    if len(needed) > 1
+                    else ""
+                )
                 + f", but {len(self._free)} of {self.num_pages} are free; free a finished "
                 "sequence or make a larger cache"
-            )  # fmt: skip
+            )
 
     def reserve(self, needs) -> dict:
         """Give each sequence of ``needs`` (``{seq: new tokens}``, checked ids) the pages to

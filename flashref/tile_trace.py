@@ -28,8 +28,12 @@ class TileTrace(NamedTuple):
 @contextmanager
 def _recording(Br: int, Bc: int):
     events, pairs, arrays = [], [], {}
-    prepare, load, store, update = (attention._prepare, attention._load, attention._store,
-                                    SoftmaxState.update)  # fmt: skip
+    prepare, load, store, update = (
+        attention._prepare,
+        attention._load,
+        attention._store,
+        SoftmaxState.update,
+    )
     last = {"Q": None, "K": None}
 
     def rec_prepare(*args, **kwargs):
@@ -62,8 +66,9 @@ def _recording(Br: int, Bc: int):
         SoftmaxState.update = update
 
 
-def trace_tiles(order: str, Nq: int, Nk: int, block_q: int, block_k: int,
-                causal: bool = False) -> TileTrace:  # fmt: skip
+def trace_tiles(
+    order: str, Nq: int, Nk: int, block_q: int, block_k: int, causal: bool = False
+) -> TileTrace:
     """Run the loop of ``order`` ("q_outer" or "kv_outer") on ``(Nq, 1)`` and ``(Nk, 1)``
     arrays and return its loads, stores and score tiles, in order."""
     fns = {"q_outer": attention.tiled_attention, "kv_outer": attention.tiled_attention_kv_outer}
@@ -81,27 +86,39 @@ def draw_tile_orders(Nq: int, Nk: int, block_q: int, block_k: int, causal: bool 
     import matplotlib.pyplot as plt
 
     Tr, Tc = -(-Nq // block_q), -(-Nk // block_k)
-    titles = {"kv_outer": "Algorithm 1: K, V tiles outside",
-              "q_outer": "FlashAttention-2: Q tiles outside"}  # fmt: skip
+    titles = {
+        "kv_outer": "Algorithm 1: K, V tiles outside",
+        "q_outer": "FlashAttention-2: Q tiles outside",
+    }
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
     for ax, order in zip(axes, titles, strict=True):
         trace = trace_tiles(order, Nq, Nk, block_q, block_k, causal)
         for step, (i, j) in enumerate(trace.pairs):
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor="tab:blue", alpha=0.25,
-                                       edgecolor="white", linewidth=2))  # fmt: skip
+            ax.add_patch(
+                plt.Rectangle(
+                    (j, i), 1, 1, facecolor="tab:blue", alpha=0.25, edgecolor="white", linewidth=2
+                )
+            )
             ax.text(j + 0.5, i + 0.5, str(step + 1), ha="center", va="center", fontsize=11)
         ys, xs = zip(*[(i + 0.5, j + 0.5) for i, j in trace.pairs], strict=True)
         ax.plot(xs, ys, color="tab:red", linewidth=1, alpha=0.6)
         count = {}
         for what, name, _ in trace.events:
             count[what, name] = count.get((what, name), 0) + 1
-        moved = (f"from HBM: Q {count.get(('load', 'Q'), 0)}, K {count.get(('load', 'K'), 0)},"
-                 f" V {count.get(('load', 'V'), 0)} tiles")  # fmt: skip
+        moved = (
+            f"from HBM: Q {count.get(('load', 'Q'), 0)}, K {count.get(('load', 'K'), 0)},"
+            f" V {count.get(('load', 'V'), 0)} tiles"
+        )
         if order == "kv_outer":  # each visit brings O_i, l_i, m_i in and writes them back
             moved += f"; O_i, l_i, m_i {len(trace.pairs)} round trips"
         moved += f"\nto HBM: O {count.get(('store', 'O'), 0)} tiles at the end"
-        ax.set(xlim=(0, Tc), ylim=(Tr, 0), aspect="equal", xticks=np.arange(Tc) + 0.5,
-               yticks=np.arange(Tr) + 0.5)  # fmt: skip
+        ax.set(
+            xlim=(0, Tc),
+            ylim=(Tr, 0),
+            aspect="equal",
+            xticks=np.arange(Tc) + 0.5,
+            yticks=np.arange(Tr) + 0.5,
+        )
         ax.set_xticklabels([f"K{j}, V{j}" for j in range(Tc)], fontsize=10)
         ax.set_yticklabels([f"Q{i}" for i in range(Tr)], fontsize=10)
         ax.set_title(titles[order], fontsize=12)

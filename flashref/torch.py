@@ -90,8 +90,13 @@ def _backward(ctx, dO, dlse):
     q, k, v, O, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(dO, q, k, v, O, lse, ctx.is_causal, ctx.scale)
     wanted = ctx.needs_input_grad
-    return (dq if wanted[0] else None, dk if wanted[1] else None, dv if wanted[2] else None,
-            None, None)  # fmt: skip
+    return (
+        dq if wanted[0] else None,
+        dk if wanted[1] else None,
+        dv if wanted[2] else None,
+        None,
+        None,
+    )
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -132,8 +137,14 @@ class _EagerAttention(torch.autograd.Function):
                 q, k, v, O, lse, dO.contiguous(), causal=ctx.is_causal, scale=ctx.scale
             )
         wanted = ctx.needs_input_grad
-        return (dq if wanted[0] else None, dk if wanted[1] else None, dv if wanted[2] else None,
-                None, None, None)  # fmt: skip
+        return (
+            dq if wanted[0] else None,
+            dk if wanted[1] else None,
+            dv if wanted[2] else None,
+            None,
+            None,
+            None,
+        )
 
 
 def _check_tensors(q, k, v, is_causal, scale) -> None:
@@ -172,10 +183,28 @@ def _checked(q, k, v, is_causal, scale):
     the forward's plan of the signature (``flash_attention``'s, kept with the check, so that
     a call looks up one key instead of two), or None where the key cannot be built."""
     try:
-        key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-               q.get_device(), k.get_device(), v.get_device(), q.requires_grad, k.requires_grad,
-               v.requires_grad, torch.is_grad_enabled(), type(is_causal), is_causal, type(scale),
-               scale)  # fmt: skip
+        key = (
+            type(q),
+            type(k),
+            type(v),
+            q.shape,
+            k.shape,
+            v.shape,
+            q.dtype,
+            k.dtype,
+            v.dtype,
+            q.get_device(),
+            k.get_device(),
+            v.get_device(),
+            q.requires_grad,
+            k.requires_grad,
+            v.requires_grad,
+            torch.is_grad_enabled(),
+            type(is_causal),
+            is_causal,
+            type(scale),
+            scale,
+        )
         hash(key)
     except Exception:
         return _check_tensors(q, k, v, is_causal, scale)  # says what is wrong
@@ -221,8 +250,17 @@ def _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
             )
 
 
-def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-              enable_gqa=False):  # fmt: skip
+def attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    *,
+    scale=None,
+    enable_gqa=False,
+):
     """Attention of torch CUDA tensors by flashref's kernels, differentiable.
 
     Called as ``F.scaled_dot_product_attention``, positional arguments included (``scale``

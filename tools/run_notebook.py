@@ -32,8 +32,13 @@ TOOLS = ("nvcc", "cuobjdump")  # what a cell tagged nvcc runs
 
 def run(path: Path, gpu: bool, tools: bool) -> None:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", coalesce_streams=True,
-                            resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
+    client = NotebookClient(
+        nb,
+        timeout=900,
+        kernel_name="python3",
+        coalesce_streams=True,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     count = 0
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):

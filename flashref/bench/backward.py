@@ -75,17 +75,19 @@ def _meta(cp, torch, args) -> dict:
         "heads": HEADS,
         "batch_rule": "B = max(1, 2*16384 // N)",
         "shapes": {"N": list(args.n), "d": list(args.d), "dtypes": list(args.dtypes)},
-        "timing": (f"CUDA events; each round the median of {REPEATS} calls after 2 warm-up "
-                   f"calls; {args.rounds} interleaved rounds; SDPA backward timed as "
-                   "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); flashref's "
-                   "versions through their internal launch, a study of the kernels; "
-                   "flashref_public: flash_attention_backward(version=None) on the same torch "
-                   "tensors, timed with torch's events as SDPA (the public calls on both "
-                   "sides)"),
+        "timing": (
+            f"CUDA events; each round the median of {REPEATS} calls after 2 warm-up "
+            f"calls; {args.rounds} interleaved rounds; SDPA backward timed as "
+            "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); flashref's "
+            "versions through their internal launch, a study of the kernels; "
+            "flashref_public: flash_attention_backward(version=None) on the same torch "
+            "tensors, timed with torch's events as SDPA (the public calls on both "
+            "sides)"
+        ),
         "tflops_rule": "forward 4 B H N^2 d / time (halved for causal); backward 2.5x that",
         "backward_versions": {n: f"{v.name}: {v.summary}" for n, v in BWD_VERSIONS.items()},
         **tree(backward="all"),
-    }  # fmt: skip
+    }
 
 
 def _impls(ctx, d, causal, dtype, x):
@@ -97,16 +99,25 @@ def _impls(ctx, d, causal, dtype, x):
     scale = 1 / math.sqrt(d)
     fwd = forward_version(None, dtype, d, causal, device_cc(cp))  # what version=None runs here
     O, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
-    out = [("flashref", "forward", fwd.number,
-            lambda: flash_attention(q, k, v, causal=causal, out=O), None)]  # fmt: skip
+    out = [
+        (
+            "flashref",
+            "forward",
+            fwd.number,
+            lambda: flash_attention(q, k, v, causal=causal, out=O),
+            None,
+        )
+    ]
     for ver in BWD_VERSIONS.values():
         if ctx["versions"] and ver.number not in ctx["versions"]:
             continue
         if d not in ver.head_dims:  # a version built for one head dim (bwd17: d = 64)
             continue
         if not ver.runs_on(device_cc(cp)):  # an sm_90a version elsewhere than on 9.0
-            print(f"  bwd{ver.number}: skipped, needs compute capability "
-                  f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip
+            print(
+                f"  bwd{ver.number}: skipped, needs compute capability "
+                f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})"
+            )
             continue
         get_functions(ver, d, dtype)
         grads = tuple(cp.empty_like(t) for t in (q, k, v))
@@ -134,8 +145,9 @@ def _impls(ctx, d, causal, dtype, x):
         try:
             res = forward()  # one forward outside the timed region; its graph is kept
         except Exception as exc:  # a backend may refuse a shape or dtype
-            print(f"  {impl} {dtype} d={d}: {type(exc).__name__}: {str(exc)[:100]}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"  {impl} {dtype} d={d}: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr
+            )
             continue
 
         def fwd_nograd(forward=forward):
@@ -180,15 +192,30 @@ def bench_config(ctx, d, N, causal, dtype, x, rounds: int) -> list[dict]:
     for (impl, direction, version, _, grads), ts in zip(impls, times, strict=True):
         ms = statistics.median(ts)
         f = flops(B, N, d, causal) * (BWD_FLOP_FACTOR if direction == "backward" else 1.0)
-        row = {"impl": impl, "direction": direction, "version": version, "dtype": dtype, "d": d,
-               "causal": causal, "N": N, "B": B, "H": HEADS, "ms": ms, "ms_min": min(ts),
-               "ms_max": max(ts), "round_ms": ts, "tflops": f / (ms * 1e-3) / 1e12}  # fmt: skip
+        row = {
+            "impl": impl,
+            "direction": direction,
+            "version": version,
+            "dtype": dtype,
+            "d": d,
+            "causal": causal,
+            "N": N,
+            "B": B,
+            "H": HEADS,
+            "ms": ms,
+            "ms_min": min(ts),
+            "ms_max": max(ts),
+            "round_ms": ts,
+            "tflops": f / (ms * 1e-3) / 1e12,
+        }
         if impl.startswith("flashref") and grads is not None and ref is not None:
             row["rel_diff_to_flash"] = [_rel(a, b, cp) for a, b in zip(grads, ref, strict=True)]
             if not max(row["rel_diff_to_flash"]) <= 2e-2:
-                print(f"  WARNING bwd{version} {dtype} d={d} N={N} causal={causal}: relative "
-                      f"difference to SDPA FLASH (dq, dk, dv) {row['rel_diff_to_flash']}",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"  WARNING bwd{version} {dtype} d={d} N={N} causal={causal}: relative "
+                    f"difference to SDPA FLASH (dq, dk, dv) {row['rel_diff_to_flash']}",
+                    file=sys.stderr,
+                )
         rows.append(row)
     return rows
 
@@ -199,8 +226,10 @@ def run(args) -> dict:
         import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
     torch, _, _ = import_torch()
     meta = _meta(cp, torch, args)
-    print(f"{meta['gpu']}, driver {meta['driver']}, CuPy {meta['cupy']}, torch {meta['torch']}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"{meta['gpu']}, driver {meta['driver']}, CuPy {meta['cupy']}, torch {meta['torch']}",
+        file=sys.stderr,
+    )
     ctx = {"cp": cp, "torch": torch, "versions": args.versions}
     rows = []
     rng = cp.random.default_rng(0)
@@ -221,9 +250,11 @@ def run(args) -> dict:
                             f"{r['impl']}/{r['direction'][0]}{r['version'] or ''} {r['tflops']:.0f}"
                             for r in new
                         )
-                        print(f"[{dtype} d={d} N={N} B={batch(N)} causal={causal}] "
-                              f"{time.perf_counter() - t0:.1f} s; TFLOP/s: {done}",
-                              file=sys.stderr)  # fmt: skip
+                        print(
+                            f"[{dtype} d={d} N={N} B={batch(N)} causal={causal}] "
+                            f"{time.perf_counter() - t0:.1f} s; TFLOP/s: {done}",
+                            file=sys.stderr,
+                        )
                     del x
                     cp.get_default_memory_pool().free_all_blocks()
                 del x32
@@ -252,14 +283,22 @@ def print_table(result: dict) -> None:
                     cells = []
                     for n in Ns:
                         at = [r for r in sel if r["N"] == n]
-                        r = next((x for x in at if (x["impl"], x["direction"], x["version"])
-                                  == (impl, direction, version)), None)  # fmt: skip
+                        r = next(
+                            (
+                                x
+                                for x in at
+                                if (x["impl"], x["direction"], x["version"])
+                                == (impl, direction, version)
+                            ),
+                            None,
+                        )
                         if r is None:
                             cells.append("-")
                             continue
                         base = {x["impl"]: x["tflops"] for x in at if x["direction"] == direction}
-                        ratios = "/".join(f"{r['tflops'] / base[b]:.2f}" if b in base else "-"
-                                          for b in SDPA)  # fmt: skip
+                        ratios = "/".join(
+                            f"{r['tflops'] / base[b]:.2f}" if b in base else "-" for b in SDPA
+                        )
                         cells.append(f"{r['tflops']:.1f} ({ratios})")
                     print(f"{name:20s}" + "".join(f"{c:>22s}" for c in cells))
 
@@ -281,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, nargs="+", choices=(64, 128), default=[64, 128])
     parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_N))
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"],
-                        choices=("float16", "bfloat16"))  # fmt: skip
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float16", "bfloat16"], choices=("float16", "bfloat16")
+    )
     parser.add_argument("--versions", type=int, nargs="+", help="only these backward versions")
     parser.add_argument("--out", type=Path, default=Path("results/gpu_backward.json"))
     args = parser.parse_args(argv)

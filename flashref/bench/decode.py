@@ -167,8 +167,12 @@ def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
     B, Hkv, Nk, _ = k.shape
     if paged_ok:
         n = Nk // PAGE_SIZE  # pages per sequence, laid out in order: page b * n + p
-        kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, D).transpose(0, 2, 1, 3, 4))
-                  .reshape(B * n, Hkv, PAGE_SIZE, D) for x in (k, v))  # fmt: skip
+        kp, vp = (
+            cp.ascontiguousarray(
+                x.reshape(B, Hkv, n, PAGE_SIZE, D).transpose(0, 2, 1, 3, 4)
+            ).reshape(B * n, Hkv, PAGE_SIZE, D)
+            for x in (k, v)
+        )
         bt = np.arange(B * n, dtype=np.int32).reshape(B, n)  # (B, n) on the host
         lens = np.full(B, Nk, dtype=np.int32)  # (B,) on the host
     out = []
@@ -191,8 +195,16 @@ def _flashref_impls(ctx, q, k, v, paged_ok: bool, versions):
 
             out.append((paged_name, paged, plan.num_splits, note, None))
         else:
-            out.append((paged_name, None, None, "not run: a second copy of K/V (the pages) "
-                        "would not fit in memory beside the contiguous one", None))  # fmt: skip
+            out.append(
+                (
+                    paged_name,
+                    None,
+                    None,
+                    "not run: a second copy of K/V (the pages) "
+                    "would not fit in memory beside the contiguous one",
+                    None,
+                )
+            )
     return out
 
 
@@ -310,18 +322,27 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
         host[impl] = host_us(run, sync, HOST_CALLS)
         if torch is not None and impl in ctx["kernel_impls"]:
             kernel[impl] = kernel_us(torch, run, KERNEL_CALLS)
-    graph = _graph_times(ctx, impls, (q, k, v), kv_bytes, rounds,
-                         seed=B * 1000 + Hkv + Nk)  # fmt: skip
+    graph = _graph_times(ctx, impls, (q, k, v), kv_bytes, rounds, seed=B * 1000 + Hkv + Nk)
     ref = impls[0][1]()  # the first version's output: a sanity check of the others (tests/ too)
     rows = []
     for impl, run, splits, note, _ in impls:
         ts = times[impl]
         ms = statistics.median(ts) if ts else None
-        row = {**base, "impl": impl, "ms": ms, "ms_min": min(ts) if ts else None,
-               "ms_max": max(ts) if ts else None, "round_ms": ts,
-               "gbps": kv_bytes / (ms * 1e-3) / 1e9 if ms else None, "bytes": kv_bytes,
-               "num_splits": splits, "host_us": host.get(impl), "kernel_us": kernel.get(impl),
-               "note": note, **graph.get(impl, _NO_GRAPH)}  # fmt: skip
+        row = {
+            **base,
+            "impl": impl,
+            "ms": ms,
+            "ms_min": min(ts) if ts else None,
+            "ms_max": max(ts) if ts else None,
+            "round_ms": ts,
+            "gbps": kv_bytes / (ms * 1e-3) / 1e9 if ms else None,
+            "bytes": kv_bytes,
+            "num_splits": splits,
+            "host_us": host.get(impl),
+            "kernel_us": kernel.get(impl),
+            "note": note,
+            **graph.get(impl, _NO_GRAPH),
+        }
         if run is not None and impl != impls[0][0]:
             other = run()
             other = cp.from_dlpack(other) if not isinstance(other, cp.ndarray) else other
@@ -335,8 +356,14 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
     return rows
 
 
-_NO_GRAPH = {"graph_us": None, "graph_us_min": None, "graph_us_max": None, "graph_gbps": None,
-             "graph_calls": None, "graph_sets": None}  # fmt: skip
+_NO_GRAPH = {
+    "graph_us": None,
+    "graph_us_min": None,
+    "graph_us_max": None,
+    "graph_gbps": None,
+    "graph_calls": None,
+    "graph_sets": None,
+}
 
 
 def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> dict:
@@ -357,11 +384,14 @@ def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> d
     captured, out = {}, {}
     for impl, make in made:
         try:
-            captured[impl] = CapturedCalls(torch, cp, [make(*sets[i % n_sets])
-                                                       for i in range(n_calls)])  # fmt: skip
+            captured[impl] = CapturedCalls(
+                torch, cp, [make(*sets[i % n_sets]) for i in range(n_calls)]
+            )
         except Exception as exc:  # a backend that cannot be captured says why
-            out[impl] = {**_NO_GRAPH, "graph_note": f"{type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:160]}"}  # fmt: skip
+            out[impl] = {
+                **_NO_GRAPH,
+                "graph_note": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+            }
             torch.cuda.synchronize()
     times = {impl: [] for impl in captured}
     for _ in range(rounds):
@@ -374,11 +404,15 @@ def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> d
         O = (O if isinstance(O, cp.ndarray) else cp.from_dlpack(O)).astype(cp.float32)
         first = O if first is None else first
         us = statistics.median(times[impl])
-        out[impl] = {"graph_us": us, "graph_us_min": min(times[impl]),
-                     "graph_us_max": max(times[impl]), "graph_gbps": kv_bytes / us * 1e-3,
-                     "graph_calls": n_calls, "graph_sets": n_sets,
-                     "graph_rel_diff_to_flashref": float(cp.linalg.norm(O - first)
-                                                         / cp.linalg.norm(first))}  # fmt: skip
+        out[impl] = {
+            "graph_us": us,
+            "graph_us_min": min(times[impl]),
+            "graph_us_max": max(times[impl]),
+            "graph_gbps": kv_bytes / us * 1e-3,
+            "graph_calls": n_calls,
+            "graph_sets": n_sets,
+            "graph_rel_diff_to_flashref": float(cp.linalg.norm(O - first) / cp.linalg.norm(first)),
+        }
     del captured, sets
     torch.cuda.synchronize()
     return out
@@ -394,10 +428,18 @@ def run(args) -> dict:
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
     cp.get_default_memory_pool().free_all_blocks()
     meta = _meta(cp, torch, facts, read, copy, args.versions)
-    print(f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
-          f"copy {copy:.0f} GB/s", file=sys.stderr)  # fmt: skip
-    ctx = {"cp": cp, "torch": torch, "sm_count": facts["sm_count"], "l2_bytes": facts["l2_bytes"],
-           "kernel_impls": kernel_impls(args.versions)}  # fmt: skip
+    print(
+        f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
+        f"copy {copy:.0f} GB/s",
+        file=sys.stderr,
+    )
+    ctx = {
+        "cp": cp,
+        "torch": torch,
+        "sm_count": facts["sm_count"],
+        "l2_bytes": facts["l2_bytes"],
+        "kernel_impls": kernel_impls(args.versions),
+    }
     rows = []
     with ClockSampler() as clock:
         for dtype in args.dtypes:
@@ -412,8 +454,15 @@ def run(args) -> dict:
                             write_json({"meta": {**meta, "partial": True}, "rows": rows}, args.out)
     meta["clocks"] = clock.summary()
     for r in rows:
-        cudnn = next((x for x in rows if x["impl"] == "sdpa_cudnn" and all(
-            x[key] == r[key] for key in ("dtype", "B", "Hkv", "Nk"))), None)  # fmt: skip
+        cudnn = next(
+            (
+                x
+                for x in rows
+                if x["impl"] == "sdpa_cudnn"
+                and all(x[key] == r[key] for key in ("dtype", "B", "Hkv", "Nk"))
+            ),
+            None,
+        )
         ok = r["gbps"] and cudnn and cudnn["gbps"]
         r["ratio_to_cudnn"] = r["gbps"] / cudnn["gbps"] if ok else None
         r["fraction_of_read"] = r["gbps"] / read if r["gbps"] else None
@@ -426,16 +475,23 @@ def run(args) -> dict:
 
 def print_table(result: dict) -> None:
     m = result["meta"]
-    print(f"# {m['gpu']}: HBM read {m['hbm_read_gbps']:.0f} GB/s, copy {m['hbm_copy_gbps']:.0f} "
-          f"GB/s; d = {D}, Nq = {NQ}, Hq = {HQ}")  # fmt: skip
+    print(
+        f"# {m['gpu']}: HBM read {m['hbm_read_gbps']:.0f} GB/s, copy {m['hbm_copy_gbps']:.0f} "
+        f"GB/s; d = {D}, Nq = {NQ}, Hq = {HQ}"
+    )
     print("# GB/s of K and V (ratio to SDPA cuDNN, fraction of the HBM read ceiling)")
     impls = list(dict.fromkeys(r["impl"] for r in result["rows"]))
-    print(f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'splits':>7s}" +
-          "".join(f"{i:>22s}" for i in impls))  # fmt: skip
+    print(
+        f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'splits':>7s}"
+        + "".join(f"{i:>22s}" for i in impls)
+    )
     keys = dict.fromkeys((r["dtype"], r["B"], r["Hkv"], r["Nk"]) for r in result["rows"])
     for dtype, B, Hkv, Nk in keys:
-        sel = {r["impl"]: r for r in result["rows"] if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) ==
-               (dtype, B, Hkv, Nk)}  # fmt: skip
+        sel = {
+            r["impl"]: r
+            for r in result["rows"]
+            if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) == (dtype, B, Hkv, Nk)
+        }
         cells = []
         for i in impls:
             r = sel.get(i)
@@ -445,18 +501,23 @@ def print_table(result: dict) -> None:
             ratio = f"{r['ratio_to_cudnn']:.2f}" if r["ratio_to_cudnn"] else "-"
             cells.append(f"{r['gbps']:.0f} ({ratio}, {r['fraction_of_read']:.2f})")
         splits = next((r["num_splits"] for r in sel.values() if r.get("num_splits")), None)
-        print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{splits if splits else '-':>7}" +
-              "".join(f"{c:>22s}" for c in cells))  # fmt: skip
+        print(
+            f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{splits if splits else '-':>7}"
+            + "".join(f"{c:>22s}" for c in cells)
+        )
     print("# microseconds per call: host time / kernel time ('-': not measured)")
     _cell_table(result["rows"], keys, impls, _us_cell)
-    graphed = [i for i in impls if any(r.get("graph_gbps") for r in result["rows"]
-                                       if r["impl"] == i)]  # fmt: skip
+    graphed = [
+        i for i in impls if any(r.get("graph_gbps") for r in result["rows"] if r["impl"] == i)
+    ]
     print("# replayed from a CUDA graph: GB/s (ratio to SDPA cuDNN's, fraction of read)")
     _cell_table(result["rows"], keys, graphed, _graph_cell)
     for r in result["rows"]:
         if r.get("graph_note"):
-            print(f"  graph {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: "
-                  f"{r['graph_note']}")  # fmt: skip
+            print(
+                f"  graph {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: "
+                f"{r['graph_note']}"
+            )
     for r in result["rows"]:
         if r["note"] and r["gbps"] is None:
             print(f"  {r['impl']} {r['dtype']} B={r['B']} Hkv={r['Hkv']} Nk={r['Nk']}: {r['note']}")
@@ -464,11 +525,15 @@ def print_table(result: dict) -> None:
 
 def _cell_table(rows, keys, impls, cell) -> None:
     """A header of ``impls``, then one line per shape of ``keys``: ``cell(row)`` per impl."""
-    print(f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'':>7s}" +
-          "".join(f"{i:>22s}" for i in impls))  # fmt: skip
+    print(
+        f"{'dtype':9s}{'B':>4s}{'Hkv':>5s}{'Nk':>8s}{'':>7s}" + "".join(f"{i:>22s}" for i in impls)
+    )
     for dtype, B, Hkv, Nk in keys:
-        sel = {r["impl"]: r for r in rows if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) ==
-               (dtype, B, Hkv, Nk)}  # fmt: skip
+        sel = {
+            r["impl"]: r
+            for r in rows
+            if (r["dtype"], r["B"], r["Hkv"], r["Nk"]) == (dtype, B, Hkv, Nk)
+        }
         cells = [cell(sel.get(i)) for i in impls]
         print(f"{dtype:9s}{B:4d}{Hkv:5d}{Nk:8d}{'':>7s}" + "".join(f"{c:>22s}" for c in cells))
 
@@ -478,8 +543,10 @@ def _graph_cell(r) -> str:
     if r is None or not r.get("graph_gbps"):
         return "-"
     ratio = r.get("graph_ratio_to_cudnn")
-    return (f"{r['graph_gbps']:.0f} ({f'{ratio:.2f}' if ratio else '-'}, "
-            f"{r['graph_fraction_of_read']:.2f})")  # fmt: skip
+    return (
+        f"{r['graph_gbps']:.0f} ({f'{ratio:.2f}' if ratio else '-'}, "
+        f"{r['graph_fraction_of_read']:.2f})"
+    )
 
 
 def _us_cell(r) -> str:
@@ -511,10 +578,20 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
     )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    parser.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"],
-                        choices=("float16", "bfloat16"), help="16-bit dtypes to run")  # fmt: skip
-    parser.add_argument("--versions", type=int, nargs="+", default=sorted(VERSIONS),
-                        help="decode kernel versions to run (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float16", "bfloat16"],
+        choices=("float16", "bfloat16"),
+        help="16-bit dtypes to run",
+    )
+    parser.add_argument(
+        "--versions",
+        type=int,
+        nargs="+",
+        default=sorted(VERSIONS),
+        help="decode kernel versions to run (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/gpu_decode.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1:

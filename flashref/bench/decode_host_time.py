@@ -37,8 +37,9 @@ def shape_rows(cp, torch, B, Hkv, Nk, versions, calls) -> None:
     sync = cp.cuda.runtime.deviceSynchronize
     rng = cp.random.default_rng(B + Hkv + Nk)
     q = rng.standard_normal((B, HQ, 1, D), dtype=cp.float32).astype(cp.float16)
-    k, v = (rng.standard_normal((B, Hkv, Nk, D), dtype=cp.float32).astype(cp.float16)
-            for _ in range(2))  # fmt: skip
+    k, v = (
+        rng.standard_normal((B, Hkv, Nk, D), dtype=cp.float32).astype(cp.float16) for _ in range(2)
+    )
     for version in versions:
         plan = decode_plan(B, HQ, Hkv, 1, Nk, D, sms, version=version)
 
@@ -46,8 +47,20 @@ def shape_rows(cp, torch, B, Hkv, Nk, versions, calls) -> None:
             return decode_attention(q, k, v, version=version)
 
         def bare(plan=plan):
-            return launch(cp, q, k, v, None, None, Hkv=Hkv, page_size=Nk, max_pages=1,
-                          causal=False, scale=1 / math.sqrt(D), plan=plan)  # fmt: skip
+            return launch(
+                cp,
+                q,
+                k,
+                v,
+                None,
+                None,
+                Hkv=Hkv,
+                page_size=Nk,
+                max_pages=1,
+                causal=False,
+                scale=1 / math.sqrt(D),
+                plan=plan,
+            )
 
         api(), bare(), sync()  # compiled and warm
         a, b = host_us(api, sync, calls), host_us(bare, sync, calls)
@@ -80,8 +93,10 @@ def main(argv=None) -> int:
     import torch
 
     cp = require_gpu()
-    print(f"{'B':>3s}{'Hkv':>5s}{'Nk':>7s}  {'impl':10s}{'API us':>9s}{'launch us':>11s}"
-          f"{'kernels us':>12s}")  # fmt: skip
+    print(
+        f"{'B':>3s}{'Hkv':>5s}{'Nk':>7s}  {'impl':10s}{'API us':>9s}{'launch us':>11s}"
+        f"{'kernels us':>12s}"
+    )
     for B, Hkv, Nk in SHAPES:
         shape_rows(cp, torch, B, Hkv, Nk, args.versions, args.calls)
     return 0

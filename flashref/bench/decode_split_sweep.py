@@ -32,8 +32,15 @@ from flashref.gpu.decode import (
 
 from .cli import ArgumentParser
 
-SHAPES = ((1, 8, 4096), (1, 32, 4096), (8, 8, 4096), (32, 32, 4096), (1, 8, 32768),
-          (8, 8, 32768), (1, 8, 131072))  # (B, Hkv, Nk)  # fmt: skip
+SHAPES = (
+    (1, 8, 4096),
+    (1, 32, 4096),
+    (8, 8, 4096),
+    (32, 32, 4096),
+    (1, 8, 32768),
+    (8, 8, 32768),
+    (1, 8, 131072),
+)  # (B, Hkv, Nk)
 HQ = 32
 REPLAYS = 5
 
@@ -43,8 +50,22 @@ PROG = "python -m flashref.bench decode_split_sweep"
 
 def candidates(auto: int, top: int) -> list[int]:
     """Split counts to try: the chosen one and some around it, within 1..top."""
-    near = {auto, auto // 2, (3 * auto) // 4, auto + 1, auto - 1, (5 * auto) // 4, 2 * auto,
-            1, 2, 4, 8, 16, 32, 64}  # fmt: skip
+    near = {
+        auto,
+        auto // 2,
+        (3 * auto) // 4,
+        auto + 1,
+        auto - 1,
+        (5 * auto) // 4,
+        2 * auto,
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+    }
     return sorted(s for s in near if 1 <= s <= top)
 
 
@@ -67,8 +88,10 @@ def main(argv=None) -> int:
     meta = _meta(cp, torch, facts, None, None, args.versions)
     for k in ("hbm_read_gbps", "hbm_copy_gbps", "gbps_rule", "host_rule", "kernel_rule"):
         meta.pop(k)
-    meta["timing"] = (f"flashref.bench.timing.graph_time: median of {REPLAYS} replays per round, "
-                      f"median over {args.rounds} interleaved rounds; us per call")  # fmt: skip
+    meta["timing"] = (
+        f"flashref.bench.timing.graph_time: median of {REPLAYS} replays per round, "
+        f"median over {args.rounds} interleaved rounds; us per call"
+    )
     meta["dtype"], D = args.dtype, args.d
     rows = []
     for B, Hkv, Nk in SHAPES:
@@ -83,8 +106,9 @@ def main(argv=None) -> int:
             for S in candidates(auto, top):
 
                 def make(q, k, v, S=S, version=version):
-                    return lambda: decode_attention(q, k, v, num_splits=S, version=version,
-                                                    return_lse=True)  # fmt: skip
+                    return lambda: decode_attention(
+                        q, k, v, num_splits=S, version=version, return_lse=True
+                    )
 
                 calls = [make(*sets[i % n_sets]) for i in range(n_calls)]
                 graphs[version, S, S == auto] = CapturedCalls(torch, cp, calls)
@@ -101,11 +125,25 @@ def main(argv=None) -> int:
         base = statistics.median(times["cudnn", None, None])
         for (version, S, chosen), ts in times.items():
             us = statistics.median(ts)
-            rows.append({"B": B, "Hq": HQ, "Hkv": Hkv, "Nq": 1, "Nk": Nk, "d": D,
-                         "impl": "sdpa_cudnn" if version == "cudnn" else f"v{version}",
-                         "num_splits": S, "chosen": chosen, "us": us, "us_min": min(ts),
-                         "us_max": max(ts), "ratio_to_cudnn": base / us,
-                         "graph_calls": n_calls, "graph_sets": n_sets})  # fmt: skip
+            rows.append(
+                {
+                    "B": B,
+                    "Hq": HQ,
+                    "Hkv": Hkv,
+                    "Nq": 1,
+                    "Nk": Nk,
+                    "d": D,
+                    "impl": "sdpa_cudnn" if version == "cudnn" else f"v{version}",
+                    "num_splits": S,
+                    "chosen": chosen,
+                    "us": us,
+                    "us_min": min(ts),
+                    "us_max": max(ts),
+                    "ratio_to_cudnn": base / us,
+                    "graph_calls": n_calls,
+                    "graph_sets": n_sets,
+                }
+            )
             mark = "*" if chosen else " "
             print(
                 f"B={B:2d} Hkv={Hkv:2d} Nk={Nk:6d} {rows[-1]['impl']:>10s} S={S!s:>4s}{mark} "

@@ -100,16 +100,18 @@ def _meta(cp, torch, ceilings):
         "date": datetime.date.today().isoformat(),
         "heads": HEADS,
         "batch_rule": "B = max(1, 2*16384 // N)",
-        "timing": (f"CUDA events; each round the median of {REPEATS} calls after warm-up "
-                   f"(version 1: {SLOW_REPEATS}); fast implementations over interleaved rounds; "
-                   "flashref's versions through their internal launch with the outputs made "
-                   "beforehand, a study of the kernels (the public call against SDPA's: "
-                   "python -m flashref.bench calls)"),
+        "timing": (
+            f"CUDA events; each round the median of {REPEATS} calls after warm-up "
+            f"(version 1: {SLOW_REPEATS}); fast implementations over interleaved rounds; "
+            "flashref's versions through their internal launch with the outputs made "
+            "beforehand, a study of the kernels (the public call against SDPA's: "
+            "python -m flashref.bench calls)"
+        ),
         "sm_count": ceilings["device"]["sm_count"],
         "peak_copy_tbps": ceilings["roofs"]["hbm_copy_tbps"],
         "ceilings": ceilings,
         **tree(forward="all"),
-    }  # fmt: skip
+    }
 
 
 def _impls(ctx, d, N, causal, dtype, inputs):
@@ -129,8 +131,18 @@ def _impls(ctx, d, N, causal, dtype, inputs):
             out.append((impl, label, "baseline", None, dtype, None, None, "torch not importable"))
             continue
         if impl == "sdpa_math" and N > 4096:
-            out.append((impl, label, "baseline", None, dtype, None, None,
-                        "MATH materialises B*H*N*N scores: not run beyond N = 4096"))  # fmt: skip
+            out.append(
+                (
+                    impl,
+                    label,
+                    "baseline",
+                    None,
+                    dtype,
+                    None,
+                    None,
+                    "MATH materialises B*H*N*N scores: not run beyond N = 4096",
+                )
+            )
             continue
         tq, tk, tv = (torch.from_dlpack(x) for x in x16)
         be = getattr(SDPBackend, backend)
@@ -153,8 +165,18 @@ def _impls(ctx, d, N, causal, dtype, inputs):
         label = f"naive CuPy {ndt} (matmul, softmax, matmul)"
         if N >= 16384:
             gb = B * HEADS * N * N * np.dtype(ndt).itemsize / 1e9
-            out.append((impl, label, "baseline", None, ndt, None, None,
-                        f"the score matrix alone would take {gb:.0f} GB"))  # fmt: skip
+            out.append(
+                (
+                    impl,
+                    label,
+                    "baseline",
+                    None,
+                    ndt,
+                    None,
+                    None,
+                    f"the score matrix alone would take {gb:.0f} GB",
+                )
+            )
             continue
         bias = None
         if causal:
@@ -212,10 +234,27 @@ def bench_config(ctx, d, N, causal, dtype, inputs, rounds: int) -> list[dict]:
         ms = statistics.median(ts) if ts else None
         spread = (max(ts) - min(ts)) / ms if len(ts) > 1 else None
         tf = flops(B, N, d, causal) / (ms * 1e-3) / 1e12 if ms else None
-        rows.append({"impl": impl, "label": label, "family": family, "version": version,
-                     "dtype": vdt, "run_dtype": dtype, "d": d, "causal": causal, "N": N, "B": B,
-                     "H": HEADS, "ms": ms, "round_ms": ts, "spread": spread, "tflops": tf,
-                     "ratio_to_flash": None, "skipped": skipped})  # fmt: skip
+        rows.append(
+            {
+                "impl": impl,
+                "label": label,
+                "family": family,
+                "version": version,
+                "dtype": vdt,
+                "run_dtype": dtype,
+                "d": d,
+                "causal": causal,
+                "N": N,
+                "B": B,
+                "H": HEADS,
+                "ms": ms,
+                "round_ms": ts,
+                "spread": spread,
+                "tflops": tf,
+                "ratio_to_flash": None,
+                "skipped": skipped,
+            }
+        )
         outputs[impl] = res
     flash_row = next((r for r in rows if r["impl"] == "sdpa_flash"), None)
     ref = outputs.get("sdpa_flash")
@@ -228,8 +267,10 @@ def bench_config(ctx, d, N, causal, dtype, inputs, rounds: int) -> list[dict]:
             rel = float(cp.linalg.norm(out.astype(cp.float32) - ref32) / cp.linalg.norm(ref32))
             r["rel_diff_to_flash"] = rel
             if not rel <= 2e-2:  # a sanity check only; tests/ holds the real checks
-                print(f"  WARNING {r['impl']}: relative difference to SDPA FLASH {rel:.2e}",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"  WARNING {r['impl']}: relative difference to SDPA FLASH {rel:.2e}",
+                    file=sys.stderr,
+                )
     return rows
 
 
@@ -263,11 +304,18 @@ def cold_calls(numbers) -> dict:
         env = {**os.environ, "CUPY_CACHE_DIR": cache}  # set before CuPy is imported
         runs = {}
         for what in ("compile_load_run_ms", "load_run_ms"):  # the 2nd finds the cache filled
-            proc = subprocess.run([sys.executable, "-c", COLD_PROBE, json.dumps(list(numbers))],
-                                  env=env, capture_output=True, text=True, check=True)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, "-c", COLD_PROBE, json.dumps(list(numbers))],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             runs[what] = {int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
-    return [{"impl": f"v{n}", "d": 64, "N": 4096, "B": 8,
-             **{what: runs[what][n] for what in runs}} for n in numbers]  # fmt: skip
+    return [
+        {"impl": f"v{n}", "d": 64, "N": 4096, "B": 8, **{what: runs[what][n] for what in runs}}
+        for n in numbers
+    ]
 
 
 def run(args) -> dict:
@@ -281,12 +329,21 @@ def run(args) -> dict:
     cp.get_default_memory_pool().free_all_blocks()
     meta = _meta(cp, torch, ceilings)
     r = ceilings["roofs"]
-    print(f"{meta['gpu']}, driver {meta['driver']}, CUDA runtime {meta['cuda_runtime']}, "
-          f"CuPy {meta['cupy']}, torch {meta['torch']}; mma.sync {r['mma_sync_tflops']:.0f} "
-          f"TFLOP/s, copy {r['hbm_copy_tbps']:.2f} TB/s", file=sys.stderr)  # fmt: skip
+    print(
+        f"{meta['gpu']}, driver {meta['driver']}, CUDA runtime {meta['cuda_runtime']}, "
+        f"CuPy {meta['cupy']}, torch {meta['torch']}; mma.sync {r['mma_sync_tflops']:.0f} "
+        f"TFLOP/s, copy {r['hbm_copy_tbps']:.2f} TB/s",
+        file=sys.stderr,
+    )
     cc = tuple(int(c) for c in divmod(int(cp.cuda.Device().compute_capability), 10))
-    ctx = {"cp": cp, "torch": torch, "SDPBackend": SDPBackend, "sdpa_kernel": sdpa_kernel,
-           "versions": args.versions, "cc": cc}  # fmt: skip
+    ctx = {
+        "cp": cp,
+        "torch": torch,
+        "SDPBackend": SDPBackend,
+        "sdpa_kernel": sdpa_kernel,
+        "versions": args.versions,
+        "cc": cc,
+    }
     rows = []
     Ns = args.n or (QUICK_N if args.quick else DEFAULT_N)
     rng = cp.random.default_rng(0)
@@ -295,8 +352,10 @@ def run(args) -> dict:
             for N in Ns:
                 shape = (batch(N), HEADS, N, d)
                 x32 = tuple(rng.standard_normal(shape, dtype=cp.float32) for _ in range(3))
-                inputs = {"float32": x32, **{dt: tuple(x.astype(dt) for x in x32)
-                                             for dt in args.dtypes}}  # fmt: skip
+                inputs = {
+                    "float32": x32,
+                    **{dt: tuple(x.astype(dt) for x in x32) for dt in args.dtypes},
+                }
                 for dtype in args.dtypes:
                     for causal in (False, True):
                         t0 = time.perf_counter()
@@ -309,9 +368,11 @@ def run(args) -> dict:
                         done = ", ".join(
                             f"{r['impl']} {r['tflops']:.0f}" for r in new if r["tflops"]
                         )
-                        print(f"[{dtype} d={d} N={N} B={batch(N)} causal={causal}] "
-                              f"{time.perf_counter() - t0:.1f} s; TFLOP/s: {done}",
-                              file=sys.stderr)  # fmt: skip
+                        print(
+                            f"[{dtype} d={d} N={N} B={batch(N)} causal={causal}] "
+                            f"{time.perf_counter() - t0:.1f} s; TFLOP/s: {done}",
+                            file=sys.stderr,
+                        )
                 del inputs, x32
                 cp.get_default_memory_pool().free_all_blocks()
     meta["sm_clock_during_benchmark"] = clock.summary()
@@ -347,8 +408,10 @@ def print_table(result: dict) -> None:
                             cells.append(f"{r['tflops']:.1f} ({r['ratio_to_flash']:.2f})")
                     print(f"{impl:18s}" + "".join(f"{c:>16s}" for c in cells))
     if result["cold"]:
-        print("\nfirst call in a fresh process, d = 64, N = 4096, ms: empty kernel cache "
-              "(compile + load + run) / cache filled (load + run)")  # fmt: skip
+        print(
+            "\nfirst call in a fresh process, d = 64, N = 4096, ms: empty kernel cache "
+            "(compile + load + run) / cache filled (load + run)"
+        )
         for c in result["cold"]:
             print(f"  {c['impl']:4s} {c['compile_load_run_ms']:8.1f} / {c['load_run_ms']:8.1f}")
 
@@ -373,12 +436,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, nargs="+", choices=ALL_N, help="sequence lengths")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument(
-        "--dtypes", nargs="+", default=["float16", "bfloat16"],
-        choices=("float16", "bfloat16"), help="16-bit input dtypes to run",
-    )  # fmt: skip
+        "--dtypes",
+        nargs="+",
+        default=["float16", "bfloat16"],
+        choices=("float16", "bfloat16"),
+        help="16-bit input dtypes to run",
+    )
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-call subprocesses")
-    parser.add_argument("--versions", type=int, nargs="+",
-                        help="only these kernel versions (the baselines always run)")  # fmt: skip
+    parser.add_argument(
+        "--versions",
+        type=int,
+        nargs="+",
+        help="only these kernel versions (the baselines always run)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/gpu_bench.json"))
     args = parser.parse_args(argv)
     if args.rounds < 1:

@@ -255,8 +255,16 @@ def _run_rs(dtype: str, n: int, Q, K, V, lbo: int, sbo: int):
     raw = cp.full((128, n // 2), np.nan, dtype=cp.float32)
     O = cp.full((64, n), np.nan, dtype=cp.float32)
     flags = cp.zeros(2, dtype=cp.int32)
-    args = (tensor_map(q, 64), tensor_map(k, 64), tensor_map(v, 64), raw, O,
-            np.uint32(lbo), np.uint32(sbo), flags)  # fmt: skip
+    args = (
+        tensor_map(q, 64),
+        tensor_map(k, 64),
+        tensor_map(v, 64),
+        raw,
+        O,
+        np.uint32(lbo),
+        np.uint32(sbo),
+        flags,
+    )
     module.get_function(f"probe_rs_n{n}")((1,), (128,), args)
     cp.cuda.runtime.deviceSynchronize()
     return cp.asnumpy(raw), cp.asnumpy(O)

@@ -54,9 +54,14 @@ def _profile(run, calls: int) -> list[dict]:
     stats = pstats.Stats(prof)
     rows = []
     for (file, line, name), (_, ncalls, tt, ct, _) in stats.stats.items():
-        rows.append({"function": f"{Path(file).name}:{line}({name})",
-                     "calls_per_call": ncalls / calls, "own_us": tt / calls * 1e6,
-                     "cum_us": ct / calls * 1e6})  # fmt: skip
+        rows.append(
+            {
+                "function": f"{Path(file).name}:{line}({name})",
+                "calls_per_call": ncalls / calls,
+                "own_us": tt / calls * 1e6,
+                "cum_us": ct / calls * 1e6,
+            }
+        )
     rows.sort(key=lambda r: -r["own_us"])
     return rows[:TOP]
 
@@ -71,10 +76,14 @@ def _torch_ranges(torch, run, calls: int) -> list[dict]:
             run()
         torch.cuda.synchronize()
     rows = [
-        {"name": e.key, "count_per_call": e.count / calls,
-         "self_cpu_us": e.self_cpu_time_total / calls, "cpu_us": e.cpu_time_total / calls}
+        {
+            "name": e.key,
+            "count_per_call": e.count / calls,
+            "self_cpu_us": e.self_cpu_time_total / calls,
+            "cpu_us": e.cpu_time_total / calls,
+        }
         for e in prof.key_averages()
-    ]  # fmt: skip
+    ]
     rows.sort(key=lambda r: -r["cpu_us"])
     return rows[:30]
 
@@ -99,17 +108,27 @@ def calls(torch, n: int) -> dict:
 
     pairs = {
         "forward": (lambda: fg.flash_attention(q, k, v), lambda: sdpa(q, k, v)),
-        "backward": (lambda: fg.flash_attention_backward(q, k, v, O, lse, dO),
-                     lambda: grads(O_s, True)),
-        "adapter forward + backward": (lambda: grads(ft.attention(qg, kg, vg)),
-                                       lambda: grads(sdpa(qg, kg, vg))),
-        "adapter forward, grad enabled": (lambda: ft.attention(qg, kg, vg),
-                                          lambda: sdpa(qg, kg, vg)),
+        "backward": (
+            lambda: fg.flash_attention_backward(q, k, v, O, lse, dO),
+            lambda: grads(O_s, True),
+        ),
+        "adapter forward + backward": (
+            lambda: grads(ft.attention(qg, kg, vg)),
+            lambda: grads(sdpa(qg, kg, vg)),
+        ),
+        "adapter forward, grad enabled": (
+            lambda: ft.attention(qg, kg, vg),
+            lambda: sdpa(qg, kg, vg),
+        ),
         "adapter backward, retained graph": (lambda: grads(O_a, True), lambda: grads(O_s, True)),
-        **{f"decode B {Bx}": (lambda t=t: fg.decode_attention(*t),
-                              lambda t=t: sdpa(*t, enable_gqa=True))
-           for Bx, t in decode.items()},
-    }  # fmt: skip
+        **{
+            f"decode B {Bx}": (
+                lambda t=t: fg.decode_attention(*t),
+                lambda t=t: sdpa(*t, enable_gqa=True),
+            )
+            for Bx, t in decode.items()
+        },
+    }
     out = {}
     for name, (mine, theirs) in pairs.items():
         mine(), theirs()  # compiled, allocators warm
@@ -119,8 +138,10 @@ def calls(torch, n: int) -> dict:
             "flashref_functions": _profile(mine, n),
         }
         out[name] = row
-        print(f"{name:34s} flashref {row['flashref_us']:7.1f} us   SDPA {row['sdpa_us']:7.1f} us",
-              flush=True)  # fmt: skip
+        print(
+            f"{name:34s} flashref {row['flashref_us']:7.1f} us   SDPA {row['sdpa_us']:7.1f} us",
+            flush=True,
+        )
     # torch.profiler last: once it has run, torch's own operators cost more host time in the
     # process (the rows timed after it would hold that for SDPA's side)
     mine, theirs = pairs["adapter forward + backward"]
@@ -134,8 +155,10 @@ def pieces(torch, n: int) -> dict:
     import cupy as cp
     import numpy as np
 
-    src = 'extern "C" __global__ void nothing(const void* a, const void* b, const void* c,' \
-          ' void* o, void* l, int n, int m, float s, int c2) {}'  # fmt: skip
+    src = (
+        'extern "C" __global__ void nothing(const void* a, const void* b, const void* c,'
+        " void* o, void* l, int n, int m, float s, int c2) {}"
+    )
     fn = cp.RawModule(code=src).get_function("nothing")
     stream = types.SimpleNamespace(ptr=torch.cuda.current_stream().cuda_stream)  # CuPy's stream=
     ints = (np.int32(1), np.int32(2), np.float32(0.5), np.int32(0))
@@ -154,10 +177,12 @@ def pieces(torch, n: int) -> dict:
     for name, run in (
         ("CuPy RawKernel launch, 9 arguments", cupy_launch),
         ("cuLaunchKernel through Launcher, 9 arguments", driver_launch),
-        ("torch.empty((1, 8, 128, 64), float16)",
-         lambda: torch.empty((1, 8, 128, 64), dtype=torch.float16, device="cuda")),
+        (
+            "torch.empty((1, 8, 128, 64), float16)",
+            lambda: torch.empty((1, 8, 128, 64), dtype=torch.float16, device="cuda"),
+        ),
         ("torch current raw stream", lambda: torch._C._cuda_getCurrentRawStream(0)),
-    ):  # fmt: skip
+    ):
         run()
         out[name] = _host_us(torch, run, n)
         print(f"{name:46s} {out[name]:7.2f} us", flush=True)
@@ -178,13 +203,18 @@ def loops(torch, n: int = 50) -> dict:
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gen = torch.Generator(device="cuda").manual_seed(1)
-    sets = [(_randn(torch, (1, 32, 1, 128), torch.float16, gen),
-             *(_randn(torch, (1, 8, 4096, 128), torch.float16, gen) for _ in range(2)))
-            for _ in range(4)]  # fmt: skip
+    sets = [
+        (
+            _randn(torch, (1, 32, 1, 128), torch.float16, gen),
+            *(_randn(torch, (1, 8, 4096, 128), torch.float16, gen) for _ in range(2)),
+        )
+        for _ in range(4)
+    ]
     timer, out = CallTimer(torch), {}
-    sides = (("flashref", fg.decode_attention, contextlib.nullcontext),
-             ("sdpa cuDNN", lambda q, k, v: sdpa(q, k, v, enable_gqa=True),
-              lambda: _cudnn(torch)))  # fmt: skip
+    sides = (
+        ("flashref", fg.decode_attention, contextlib.nullcontext),
+        ("sdpa cuDNN", lambda q, k, v: sdpa(q, k, v, enable_gqa=True), lambda: _cudnn(torch)),
+    )
     for name, fn, ctx in sides:
         with ctx():
             for copies in (1, 4):
@@ -228,23 +258,36 @@ def main(argv=None) -> int:
 
     cc = tuple(int(x) for x in device_facts(cp)["compute_capability"].split("."))
     fwd, bwd, dec = default_versions(cc)
-    meta = {**provenance(cp, torch, forward=fwd, backward=bwd, decode=dec), "calls": args.calls,
-            "defaults": {"forward": fwd, "backward": bwd, "decode": dec}}  # fmt: skip
+    meta = {
+        **provenance(cp, torch, forward=fwd, backward=bwd, decode=dec),
+        "calls": args.calls,
+        "defaults": {"forward": fwd, "backward": bwd, "decode": dec},
+    }
     # loops first: once torch.profiler has run in a process, torch's own operators (SDPA's)
     # cost more host time there (seen: SDPA's step 135 us before, 211 us after)
-    record = {"meta": meta, "pieces": pieces(torch, args.calls * 5), "loops": loops(torch),
-              "calls": calls(torch, args.calls)}  # fmt: skip
+    record = {
+        "meta": meta,
+        "pieces": pieces(torch, args.calls * 5),
+        "loops": loops(torch),
+        "calls": calls(torch, args.calls),
+    }
     for name, row in record["calls"].items():
         buf = io.StringIO()
         us = f"flashref {row['flashref_us']:.1f} us, SDPA {row['sdpa_us']:.1f} us"
         print(f"\n{name}: {us}", file=buf)
         for f in row["flashref_functions"]:
-            print(f"  {f['own_us']:7.2f} own {f['cum_us']:8.2f} cum {f['calls_per_call']:5.1f}x  "
-                  f"{f['function']}", file=buf)  # fmt: skip
+            print(
+                f"  {f['own_us']:7.2f} own {f['cum_us']:8.2f} cum {f['calls_per_call']:5.1f}x  "
+                f"{f['function']}",
+                file=buf,
+            )
         for side in ("flashref_ranges", "sdpa_ranges"):
             for r in row.get(side, [])[:14]:
-                print(f"  [{side[:5]}] {r['cpu_us']:8.1f} cpu {r['self_cpu_us']:8.1f} self "
-                      f"{r['count_per_call']:4.1f}x {r['name']}", file=buf)  # fmt: skip
+                print(
+                    f"  [{side[:5]}] {r['cpu_us']:8.1f} cpu {r['self_cpu_us']:8.1f} self "
+                    f"{r['count_per_call']:4.1f}x {r['name']}",
+                    file=buf,
+                )
         print(buf.getvalue(), end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

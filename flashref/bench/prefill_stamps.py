@@ -61,8 +61,10 @@ PAGE = 128
 
 
 def _timer(slot: int) -> str:
-    return ('{unsigned long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); '
-            f"stamps_[blockIdx.x][{slot}] = t_;}}")  # fmt: skip
+    return (
+        '{unsigned long long t_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); '
+        f"stamps_[blockIdx.x][{slot}] = t_;}}"
+    )
 
 
 def stamped_source(text: str) -> str:
@@ -72,8 +74,10 @@ def stamped_source(text: str) -> str:
     not found exactly once."""
     for slot, (name, anchor, where, cond) in enumerate(STAMPS):
         if text.count(anchor) != 1:
-            raise ValueError(f"stamp {name!r}: its anchor {anchor!r} is in the source "
-                             f"{text.count(anchor)} times, not once")  # fmt: skip
+            raise ValueError(
+                f"stamp {name!r}: its anchor {anchor!r} is in the source "
+                f"{text.count(anchor)} times, not once"
+            )
         code = f"stamps_[blockIdx.x][{slot}] = clock64();"
         if name == "start":
             code += _timer(len(STAMPS))
@@ -146,24 +150,37 @@ def run() -> dict:
             wall = (t1 - t0) / 1e3  # us
             end = len(STAMPS) - 1  # the last stamp: the end, in cycles
             mhz = float(np.median((a[:, end] - a[:, 0]) / np.maximum(wall, 1e-3)))
-            row = {"H": H, "d": d, "Nq": Nq, "L": L, "blocks": int(len(a)),
-                   "key_tiles_longest": -(-L // 128), "sm_mhz": mhz,
-                   "block_us_median": float(np.median(wall)),
-                   "start_spread_us": float((t0.max() - t0.min()) / 1e3),
-                   "last_end_us": float((t1.max() - t0.min()) / 1e3),
-                   "stamps_us": _medians(a, mhz)}  # fmt: skip
+            row = {
+                "H": H,
+                "d": d,
+                "Nq": Nq,
+                "L": L,
+                "blocks": int(len(a)),
+                "key_tiles_longest": -(-L // 128),
+                "sm_mhz": mhz,
+                "block_us_median": float(np.median(wall)),
+                "start_spread_us": float((t0.max() - t0.min()) / 1e3),
+                "last_end_us": float((t1.max() - t0.min()) / 1e3),
+                "stamps_us": _medians(a, mhz),
+            }
             rows.append(row)
             s = row["stamps_us"]
-            print(f"H {H} d {d} Nq {Nq} L {L}: {len(a)} blocks, block {row['block_us_median']:.2f} "
-                  "us; " + ", ".join(f"{k} {v:.2f}" for k, v in s.items() if v is not None),
-                  flush=True)  # fmt: skip
-    meta = {**provenance(cp, torch),
-            "other_sources": {"hopper/paged_prefill.cu": source_hash(source)},
-            "rule": ("median over the blocks of the first work tile of each block: clock64 "
-                     "stamps from the block's start (its producer thread's first stamp), in us "
-                     "at the SM clock the block's own stamps and %globaltimer give; one split, "
-                     "fp16, pages of 128 in a random order, B = 1"),
-            "stamps": [name for name, *_ in STAMPS[1:]]}  # fmt: skip
+            print(
+                f"H {H} d {d} Nq {Nq} L {L}: {len(a)} blocks, block {row['block_us_median']:.2f} "
+                "us; " + ", ".join(f"{k} {v:.2f}" for k, v in s.items() if v is not None),
+                flush=True,
+            )
+    meta = {
+        **provenance(cp, torch),
+        "other_sources": {"hopper/paged_prefill.cu": source_hash(source)},
+        "rule": (
+            "median over the blocks of the first work tile of each block: clock64 "
+            "stamps from the block's start (its producer thread's first stamp), in us "
+            "at the SM clock the block's own stamps and %globaltimer give; one split, "
+            "fp16, pages of 128 in a random order, B = 1"
+        ),
+        "stamps": [name for name, *_ in STAMPS[1:]],
+    }
     return {"meta": meta, "rows": rows}
 
 

@@ -42,11 +42,20 @@ def git_commit() -> str:
         return os.environ["FLASHREF_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, check=True,
-                               timeout=10).stdout.strip()  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "-uno"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -64,8 +73,9 @@ def kernel_hashes(forward=(), backward=(), decode=()) -> dict[str, str]:
     of each version a run measured, as ``current_hashes`` computes it again for the check
     that a recorded file still describes the kernels in the tree
     (``tests/bench/test_provenance.py``)."""
-    return {name: h for name, h in current_hashes().items()
-            if _wanted(name, forward, backward, decode)}  # fmt: skip
+    return {
+        name: h for name, h in current_hashes().items() if _wanted(name, forward, backward, decode)
+    }
 
 
 def _wanted(name: str, forward, backward, decode) -> bool:

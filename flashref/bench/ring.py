@@ -139,9 +139,14 @@ def _gloo_rank(rank, n, init_method, q, k, v, causal, layout, scale, attend, out
         fn = rd.reference_attend if attend == "reference" else rd.flash_attend_from_cpu
         parts = [rd.shard(torch.from_numpy(x), r, W, layout) for x in (q, k, v)]
         out = rd.ring_forward(
-            *parts, N=q.shape[-2], causal=causal, layout=layout, attend=fn, scale=scale,
+            *parts,
+            N=q.shape[-2],
+            causal=causal,
+            layout=layout,
+            attend=fn,
+            scale=scale,
             group=group,
-        )  # fmt: skip
+        )
         O, lse, pairs = _gather(*out, layout, group)
         if r == 0:
             np.savez(out_path, O=O.numpy(), lse=lse.numpy(), pairs=pairs)
@@ -150,9 +155,17 @@ def _gloo_rank(rank, n, init_method, q, k, v, causal, layout, scale, attend, out
 
 
 def ring_attention_gloo(
-    q, k, v, *, world_size, causal=False, layout="contiguous", scale=None, attend="reference",
+    q,
+    k,
+    v,
+    *,
+    world_size,
+    causal=False,
+    layout="contiguous",
+    scale=None,
+    attend="reference",
     spare=0,
-):  # fmt: skip
+):
     """``flashref.ring_attention`` run by ``world_size`` real processes talking over gloo.
 
     NumPy arrays ``(..., N, d)`` in (one sequence: ``q`` and ``k`` of one length and the
@@ -274,8 +287,9 @@ def _setup(rank, W, init_method, gpu, local_rank):
         torch.cuda.set_device(local_rank)
         cupy.cuda.Device(local_rank).use()
         device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=W,
-                                device_id=device)  # fmt: skip
+        dist.init_process_group(
+            "nccl", init_method=init_method, rank=rank, world_size=W, device_id=device
+        )
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=W)
@@ -317,13 +331,18 @@ def _rank_main(rank, W, init_method, args, result_path, local_rank=None):
 
 
 def _check_cpu(q, k, v, O, lse, causal):
-    O_ref, lse_ref = naive_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal,
-                                     return_lse=True)  # fmt: skip
+    O_ref, lse_ref = naive_attention(
+        q.numpy(), k.numpy(), v.numpy(), causal=causal, return_lse=True
+    )
     err = ring_check.rel(O.numpy(), O_ref)
     lse_err = ring_check.rel(lse.numpy(), lse_ref)
-    return {"reference": "flashref.naive_attention, float64", "rel_err": err,
-            "lse_rel_err": lse_err, "tolerance": RTOL64,
-            "passed": bool(err <= RTOL64 and lse_err <= RTOL64)}  # fmt: skip
+    return {
+        "reference": "flashref.naive_attention, float64",
+        "rel_err": err,
+        "lse_rel_err": lse_err,
+        "tolerance": RTOL64,
+        "passed": bool(err <= RTOL64 and lse_err <= RTOL64),
+    }
 
 
 def main(argv=None) -> int:
@@ -341,9 +360,15 @@ def main(argv=None) -> int:
             if launched[0] != 0:
                 return 0  # rank 0 reports
         result = json.loads(Path(path).read_text())
-    shape = {"batch": args.batch, "heads": args.heads, "seq": args.seq,
-             "head_dim": args.head_dim, "layout": args.layout, "causal": args.causal,
-             "dtype": DTYPES[args.dtype] if args.gpus else "float64"}  # fmt: skip
+    shape = {
+        "batch": args.batch,
+        "heads": args.heads,
+        "seq": args.seq,
+        "head_dim": args.head_dim,
+        "layout": args.layout,
+        "causal": args.causal,
+        "dtype": DTYPES[args.dtype] if args.gpus else "float64",
+    }
     prov = ring_check.provenance(args, W)
     result = ring_check.summarise({"provenance": prov, "shape": shape, **result})
     ring_check.print_table(result)

@@ -61,9 +61,17 @@ def check_gpu(q, k, v, O, lse, causal):
     P = rnd(torch.exp(rnd(S - S.amax(-1, keepdim=True))))
     O_naive = rnd(rnd(P / P.sum(-1, keepdim=True)).to(q.dtype) @ v)
     del S, P
-    cpu = {n: x.cpu().numpy() if x.dtype == torch.float64 else x.float().cpu().numpy()
-           for n, x in dict(O=O[..., rows, :], one=O_one[..., rows, :], naive=O_naive,
-                            ref=O_ref, lse=lse[..., rows], lse_ref=lse_ref).items()}  # fmt: skip
+    cpu = {
+        n: x.cpu().numpy() if x.dtype == torch.float64 else x.float().cpu().numpy()
+        for n, x in dict(
+            O=O[..., rows, :],
+            one=O_one[..., rows, :],
+            naive=O_naive,
+            ref=O_ref,
+            lse=lse[..., rows],
+            lse_ref=lse_ref,
+        ).items()
+    }
     err, naive_err = rel(cpu["O"], cpu["ref"]), rel(cpu["naive"], cpu["ref"])
     tol = tolerance(dtype, naive_err)
     lse_err = float(np.max(np.abs(cpu["lse"] - cpu["lse_ref"]) / (1 + np.abs(cpu["lse_ref"]))))
@@ -71,16 +79,29 @@ def check_gpu(q, k, v, O, lse, causal):
     nan = int(torch.isnan(O).sum())
     diff = np.abs(cpu["O"] - cpu["ref"])  # (B, H, rows, d)
     worst = np.unravel_index(np.argmax(np.where(np.isnan(diff), np.inf, diff)), diff.shape)
-    return {"reference": f"float64 on {len(rows)} query rows; flashref single-GPU forward",
-            "rel_err": err, "single_gpu_rel_err": rel(cpu["one"], cpu["ref"]),
-            "naive_rel_err": naive_err, "tolerance": tol, "lse_err": lse_err,
-            "lse_tolerance": LSE_TOL, "vs_single_gpu_rel": whole,
-            "vs_single_gpu_tolerance": CEILING[dtype], "nan_count": nan,
-            "worst_element": {"index (B, H, row, d)": [int(worst[0]), int(worst[1]),
-                              int(rows[worst[2]]), int(worst[3])],
-                              "got": float(cpu["O"][worst]), "ref": float(cpu["ref"][worst])},
-            "passed": bool(nan == 0 and err <= tol and lse_err <= LSE_TOL
-                           and whole <= CEILING[dtype])}  # fmt: skip
+    return {
+        "reference": f"float64 on {len(rows)} query rows; flashref single-GPU forward",
+        "rel_err": err,
+        "single_gpu_rel_err": rel(cpu["one"], cpu["ref"]),
+        "naive_rel_err": naive_err,
+        "tolerance": tol,
+        "lse_err": lse_err,
+        "lse_tolerance": LSE_TOL,
+        "vs_single_gpu_rel": whole,
+        "vs_single_gpu_tolerance": CEILING[dtype],
+        "nan_count": nan,
+        "worst_element": {
+            "index (B, H, row, d)": [
+                int(worst[0]),
+                int(worst[1]),
+                int(rows[worst[2]]),
+                int(worst[3]),
+            ],
+            "got": float(cpu["O"][worst]),
+            "ref": float(cpu["ref"][worst]),
+        },
+        "passed": bool(nan == 0 and err <= tol and lse_err <= LSE_TOL and whole <= CEILING[dtype]),
+    }
 
 
 def bench(rank, W, q, k, v, full, kw, args):
@@ -106,10 +127,15 @@ def bench(rank, W, q, k, v, full, kw, args):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the ring is as slow as its slowest rank
         ring_ms.append(t.item())
         steps.append(rd.step_times(timings))
-    per_step = [{key: float(np.median([rep[s][key] for rep in steps])) for key in steps[0][s]}
-                for s in range(W)]  # fmt: skip
-    out = {"ring_ms_all": ring_ms, "steps": _gather_objects(per_step, W),
-           "devices": _gather_objects(torch.cuda.get_device_name(rank), W)}  # fmt: skip
+    per_step = [
+        {key: float(np.median([rep[s][key] for rep in steps])) for key in steps[0][s]}
+        for s in range(W)
+    ]
+    out = {
+        "ring_ms_all": ring_ms,
+        "steps": _gather_objects(per_step, W),
+        "devices": _gather_objects(torch.cuda.get_device_name(rank), W),
+    }
     if rank == 0:
         q1, k1, v1 = full
 
@@ -134,11 +160,21 @@ def bench(rank, W, q, k, v, full, kw, args):
 def provenance(args, W) -> dict:
     import torch
 
-    prov = {"torch": torch.__version__, "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(), "processes": W,
-            "backend": "nccl" if args.gpus else "gloo",
-            "env": {n: os.environ.get(n) for n in ("NCCL_NVLS_ENABLE",
-                    "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}}  # fmt: skip
+    prov = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "processes": W,
+        "backend": "nccl" if args.gpus else "gloo",
+        "env": {
+            n: os.environ.get(n)
+            for n in (
+                "NCCL_NVLS_ENABLE",
+                "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                "NVSHMEM_DISABLE_NVLS",
+            )
+        },
+    }
     if args.gpus:
         import cupy
 
@@ -148,8 +184,10 @@ def provenance(args, W) -> dict:
         from .provenance import driver_version
 
         prov["driver"] = driver_version(cupy.cuda.runtime)
-        prov["timing"] = (f"CUDA events; median of {args.reps} forwards after {args.warmup} "
-                          "warm-up; ring time = slowest rank per forward")  # fmt: skip
+        prov["timing"] = (
+            f"CUDA events; median of {args.reps} forwards after {args.warmup} "
+            "warm-up; ring time = slowest rank per forward"
+        )
     else:
         prov["cpu"] = platform.processor() or platform.machine()
     return prov
@@ -164,20 +202,29 @@ def summarise(result: dict) -> dict:
     rows = [s for rank in result["steps"] for s in rank if "comm_ms" in s]
     comm = sum(s["comm_ms"] for s in rows)
     hidden = 1.0 - sum(s["exposed_ms"] for s in rows) / comm if comm > 0 else None
-    return {**result, "ring_ms": float(ring), "single_ms": float(single),
-            "ideal_ms": float(single / W), "fraction_of_ideal": float(single / W / ring),
-            "hidden_fraction": hidden}  # fmt: skip
+    return {
+        **result,
+        "ring_ms": float(ring),
+        "single_ms": float(single),
+        "ideal_ms": float(single / W),
+        "fraction_of_ideal": float(single / W / ring),
+        "hidden_fraction": hidden,
+    }
 
 
 def print_table(result: dict) -> None:
     s, prov = result["shape"], result["provenance"]
-    print(f"ring attention: {prov['processes']} x {prov['backend']}, (B, H, N, d) = "
-          f"({s['batch']}, {s['heads']}, {s['seq']}, {s['head_dim']}), {s['dtype']}, "
-          f"{s['layout']}, causal={s['causal']}")  # fmt: skip
+    print(
+        f"ring attention: {prov['processes']} x {prov['backend']}, (B, H, N, d) = "
+        f"({s['batch']}, {s['heads']}, {s['seq']}, {s['head_dim']}), {s['dtype']}, "
+        f"{s['layout']}, causal={s['causal']}"
+    )
     if "check" in result:
         c = result["check"]
-        print(f"check: {'passed' if c['passed'] else 'FAILED'}: rel err {c['rel_err']:.3e} "
-              f"(tolerance {c['tolerance']:.3e}) against {c['reference']}")  # fmt: skip
+        print(
+            f"check: {'passed' if c['passed'] else 'FAILED'}: rel err {c['rel_err']:.3e} "
+            f"(tolerance {c['tolerance']:.3e}) against {c['reference']}"
+        )
         if not c["passed"]:
             print(json.dumps(c, indent=1))
     if "ring_ms" in result:
@@ -190,12 +237,17 @@ def print_table(result: dict) -> None:
             f"ideal {result['ideal_ms']:.2f} ms: {100 * result['fraction_of_ideal']:.1f}% of "
             "ideal"
         )
-        print(f"{'rank':>4} {'step':>4} {'compute ms':>10} {'comm ms':>8} {'exposed ms':>10} "
-              f"{'hidden':>6}")  # fmt: skip
+        print(
+            f"{'rank':>4} {'step':>4} {'compute ms':>10} {'comm ms':>8} {'exposed ms':>10} "
+            f"{'hidden':>6}"
+        )
         for r, steps in enumerate(result["steps"]):
             for i, st in enumerate(steps):
-                comm = (f"{st['comm_ms']:8.3f} {st['exposed_ms']:10.3f} {100 * st['hidden']:5.1f}%"
-                        if "comm_ms" in st else f"{'-':>8} {'-':>10} {'-':>6}")  # fmt: skip
+                comm = (
+                    f"{st['comm_ms']:8.3f} {st['exposed_ms']:10.3f} {100 * st['hidden']:5.1f}%"
+                    if "comm_ms" in st
+                    else f"{'-':>8} {'-':>10} {'-':>6}"
+                )
                 print(f"{r:4d} {i:4d} {st['compute_ms']:10.3f} {comm}")
         if result["hidden_fraction"] is not None:
             print(f"transfer time hidden behind compute: {100 * result['hidden_fraction']:.1f}%")

@@ -55,13 +55,24 @@ def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0, dtype: str
     k = rng.standard_normal((*shape_k, d)).astype(np.float32).astype(dt)
     v = rng.standard_normal((*shape_k, d)).astype(np.float32).astype(dt)
     ref, ref_lse = naive_attention(
-        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
-        causal=causal, return_lse=True,
-    )  # fmt: skip
+        q.astype(np.float64),
+        k.astype(np.float64),
+        v.astype(np.float64),
+        causal=causal,
+        return_lse=True,
+    )
     O = cp.full((*shape_q, d), np.nan, dtype=np.float32).astype(dt)  # poisoned: NaN shows
     lse = cp.full(shape_q, np.nan, dtype=cp.float32)
-    launch(ver, cp.asarray(q), cp.asarray(k), cp.asarray(v), O, lse,
-           causal=causal, scale=1.0 / np.sqrt(d))  # fmt: skip
+    launch(
+        ver,
+        cp.asarray(q),
+        cp.asarray(k),
+        cp.asarray(v),
+        O,
+        lse,
+        causal=causal,
+        scale=1.0 / np.sqrt(d),
+    )
     out = cp.asnumpy(O).astype(np.float64)
     got_lse = cp.asnumpy(lse).astype(np.float64)
     if np.isnan(out).any() or np.isnan(got_lse).any():
@@ -119,22 +130,37 @@ def _check_decode_version(cp, version, decode_attention, paged_decode_attention)
         kp, vp = (x.transpose(0, 2, 1, 3, 4).reshape(B * n, Hkv, ps, d)[::-1] for x in (kp, vp))
         table = (B * n - 1 - np.arange(B * n)).reshape(B, n).astype(np.int32)
         outs = {
-            "contiguous": decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v),
-                                           lengths=L, causal=causal, num_splits=S,
-                                           version=version),
-            "paged": paged_decode_attention(cp.asarray(q), cp.asarray(np.ascontiguousarray(kp)),
-                                            cp.asarray(np.ascontiguousarray(vp)), table, L,
-                                            causal=causal, num_splits=S, version=version),
-        }  # fmt: skip
+            "contiguous": decode_attention(
+                cp.asarray(q),
+                cp.asarray(k),
+                cp.asarray(v),
+                lengths=L,
+                causal=causal,
+                num_splits=S,
+                version=version,
+            ),
+            "paged": paged_decode_attention(
+                cp.asarray(q),
+                cp.asarray(np.ascontiguousarray(kp)),
+                cp.asarray(np.ascontiguousarray(vp)),
+                table,
+                L,
+                causal=causal,
+                num_splits=S,
+                version=version,
+            ),
+        }
         for what, O in outs.items():
             out = cp.asnumpy(O).astype(np.float64)
             rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
             ok = not np.isnan(out).any() and rel <= LIMIT[dtype]
             failed += not ok
             flag = "" if ok else "  FAIL"
-            print(f"decode v{version} {what:10s} {dtype:8s} d={d:3d} splits={S} "
-                  f"causal={causal!s:12s} Nq={Nq} lengths {L.tolist()}: "
-                  f"rel err {rel:.2e}{flag}")  # fmt: skip
+            print(
+                f"decode v{version} {what:10s} {dtype:8s} d={d:3d} splits={S} "
+                f"causal={causal!s:12s} Nq={Nq} lengths {L.tolist()}: "
+                f"rel err {rel:.2e}{flag}"
+            )
     return failed
 
 
@@ -158,8 +184,10 @@ def check_prefill() -> int:
         k = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
         v = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float32).astype(dt)
         n = -(-Nk // ps)
-        kp, vp = (x.reshape(B, Hkv, n, ps, d).transpose(0, 2, 1, 3, 4).reshape(B * n, Hkv, ps, d)
-                  for x in (k, v))  # fmt: skip
+        kp, vp = (
+            x.reshape(B, Hkv, n, ps, d).transpose(0, 2, 1, 3, 4).reshape(B * n, Hkv, ps, d)
+            for x in (k, v)
+        )
         kp, vp = (cp.asarray(np.ascontiguousarray(x[::-1])) for x in (kp, vp))
         table = (B * n - 1 - np.arange(B * n)).reshape(B, n).astype(np.int32)
         G = Hq // Hkv
@@ -171,8 +199,9 @@ def check_prefill() -> int:
                 mask = mask & (j <= i + L[:, None, None, None] - Nq)
             ref = naive_attention(q.astype(np.float64), kk, vv, mask=mask)
             for S in (1, 3):
-                O = paged_prefill_attention(cp.asarray(q), kp, vp, table, L, causal=causal,
-                                            splits=S)  # fmt: skip
+                O = paged_prefill_attention(
+                    cp.asarray(q), kp, vp, table, L, causal=causal, splits=S
+                )
                 out = cp.asnumpy(O).astype(np.float64)
                 rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
                 ok = not np.isnan(out).any() and rel <= LIMIT[dtype]
@@ -191,36 +220,45 @@ def check_backward(ver, d: int, causal: bool, shape_q, shape_k, dtype: str, seed
 
     dt = host_dtype(dtype)
     rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((*s, d)).astype(np.float32).astype(dt)
-               for s in (shape_q, shape_k, shape_k))  # fmt: skip
+    q, k, v = (
+        rng.standard_normal((*s, d)).astype(np.float32).astype(dt)
+        for s in (shape_q, shape_k, shape_k)
+    )
     do = rng.standard_normal((*shape_q, d)).astype(np.float32).astype(dt)
     f64 = [x.astype(np.float64) for x in (q, k, v, do)]
     o, lse = naive_attention(*f64[:3], causal=causal, return_lse=True)
     o, lse = o.astype(dt), lse.astype(np.float32)
-    ref = naive_attention_backward(*f64[:3], o.astype(np.float64), lse.astype(np.float64), f64[3],
-                                   causal=causal)  # fmt: skip
+    ref = naive_attention_backward(
+        *f64[:3], o.astype(np.float64), lse.astype(np.float64), f64[3], causal=causal
+    )
     args = [cp.asarray(x) for x in (q, k, v, o, lse, do)]
     outs = [cp.full(x.shape, np.nan, dtype=np.float32).astype(dt) for x in (q, k, v)]  # poisoned
     launch_backward(ver, *args, *outs, causal=causal, scale=1.0 / np.sqrt(d))
     errs = []
     for x, r in zip(outs, ref, strict=True):
         x = cp.asnumpy(x).astype(np.float64)
-        errs.append(float("nan") if np.isnan(x).any() else
-                    float(np.linalg.norm(x - r) / np.linalg.norm(r)))  # fmt: skip
+        errs.append(
+            float("nan") if np.isnan(x).any() else float(np.linalg.norm(x - r) / np.linalg.norm(r))
+        )
     return errs
 
 
 def main_backward(args, cp) -> int:
-    shapes = [((2, 70), (2, 100))] if args.small else [
-        ((2, 3, 70), (2, 3, 100)), ((1, 2, 257), (1, 2, 257))]  # fmt: skip
+    shapes = (
+        [((2, 70), (2, 100))]
+        if args.small
+        else [((2, 3, 70), (2, 3, 100)), ((1, 2, 257), (1, 2, 257))]
+    )
     failed = 0
     cc = device_cc(cp)
     for ver in BWD_VERSIONS.values():
         if args.versions and ver.number not in args.versions:
             continue
         if not ver.runs_on(cc):
-            print(f"bwd{ver.number}: skipped, needs compute capability "
-                  f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip
+            print(
+                f"bwd{ver.number}: skipped, needs compute capability "
+                f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})"
+            )
             continue
         dims = [d for d in (64, 128) if d in ver.head_dims]
         for dtype, d, causal in ((t, d, c) for t in ver.dtypes for d in dims for c in (0, 1)):
@@ -228,9 +266,11 @@ def main_backward(args, cp) -> int:
                 errs = check_backward(ver, d, bool(causal), shape_q, shape_k, dtype)
                 ok = all(e <= LIMIT[dtype] for e in errs)  # NaN fails
                 failed += not ok
-                print(f"bwd{ver.number} {dtype:8s} d={d:3d} causal={bool(causal)!s:5s} "
-                      f"q{shape_q} k{shape_k}: rel err dq {errs[0]:.2e} dk {errs[1]:.2e} "
-                      f"dv {errs[2]:.2e}{'' if ok else '  FAIL'}")  # fmt: skip
+                print(
+                    f"bwd{ver.number} {dtype:8s} d={d:3d} causal={bool(causal)!s:5s} "
+                    f"q{shape_q} k{shape_k}: rel err dq {errs[0]:.2e} dk {errs[1]:.2e} "
+                    f"dv {errs[2]:.2e}{'' if ok else '  FAIL'}"
+                )
     cp.cuda.runtime.deviceSynchronize()
     print("selfcheck --backward:", "all passed" if not failed else f"{failed} case(s) FAILED")
     return 1 if failed else 0
@@ -253,16 +293,21 @@ def main(argv: list[str] | None = None) -> int:
         cp.cuda.runtime.deviceSynchronize()
         print("selfcheck:", "all passed" if not failed else f"{failed} case(s) FAILED")
         return 1 if failed else 0
-    shapes = [((2, 70), (2, 100))] if args.small else [((2, 3, 70), (2, 3, 100)),
-                                                       ((1, 2, 257), (1, 2, 257))]  # fmt: skip
+    shapes = (
+        [((2, 70), (2, 100))]
+        if args.small
+        else [((2, 3, 70), (2, 3, 100)), ((1, 2, 257), (1, 2, 257))]
+    )
     failed = 0
     cc = device_cc(cp)
     for ver in VERSIONS.values():
         if args.versions and ver.number not in args.versions:
             continue
         if not ver.runs_on(cc):
-            print(f"v{ver.number}: skipped, needs compute capability "
-                  f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})")  # fmt: skip
+            print(
+                f"v{ver.number}: skipped, needs compute capability "
+                f"{ver.min_cc[0]}.{ver.min_cc[1]} ({ver.arch or 'or higher'})"
+            )
             continue
         dims = [d for d in (64, 128) if d in ver.head_dims]  # those of 64 and 128 it offers
         for dtype, d, causal in ((t, d, c) for t in ver.dtypes for d in dims for c in (0, 1)):

@@ -95,8 +95,11 @@ def _sdpa(torch, q, k, v):
         try:
             run()
             torch.cuda.synchronize()
-            return run, {"plain": None, "enable_gqa": "enable_gqa=True",
-                         "repeated": "K/V repeated to Hq heads (not timed)"}[how]  # fmt: skip
+            return run, {
+                "plain": None,
+                "enable_gqa": "enable_gqa=True",
+                "repeated": "K/V repeated to Hq heads (not timed)",
+            }[how]
         except Exception as exc:  # cuDNN may refuse a shape
             note = f"{how}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     return None, f"refused: {note}"
@@ -116,18 +119,36 @@ def decode_rows(ctx, dtype, rounds) -> list[dict]:
             for B in BATCHES:
                 kv_bytes = 2 * B * Hkv * Nk * D * 2
                 sets = input_sets(kv_bytes, ctx["l2_bytes"])
-                base = {"dtype": dtype, "B": B, "Hq": HQ, "Hkv": Hkv, "Nq": NQ, "Nk": Nk, "d": D,
-                        "bytes": kv_bytes, "graph_sets": sets}  # fmt: skip
+                base = {
+                    "dtype": dtype,
+                    "B": B,
+                    "Hq": HQ,
+                    "Hkv": Hkv,
+                    "Nq": NQ,
+                    "Nk": Nk,
+                    "d": D,
+                    "bytes": kv_bytes,
+                    "graph_sets": sets,
+                }
                 free = torch.cuda.mem_get_info()[0]
                 if (1 + len(PAGE_SIZES)) * sets * kv_bytes > 0.8 * free:
-                    rows.append({**base, "note": "not run: the pools and the contiguous "
-                                 "cache would not fit in memory"})  # fmt: skip
+                    rows.append(
+                        {
+                            **base,
+                            "note": "not run: the pools and the contiguous "
+                            "cache would not fit in memory",
+                        }
+                    )
                     continue
                 gen = torch.Generator().manual_seed(B * 1000 + Hkv + Nk)
                 dt = getattr(torch, dtype)
-                inputs = [tuple(torch.randn(s, generator=gen).to(dt).cuda()
-                                for s in ((B, HQ, NQ, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D)))
-                          for _ in range(sets)]  # fmt: skip
+                inputs = [
+                    tuple(
+                        torch.randn(s, generator=gen).to(dt).cuda()
+                        for s in ((B, HQ, NQ, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D))
+                    )
+                    for _ in range(sets)
+                ]
                 calls = graph_calls(kv_bytes, sets)
                 row = dict(base, graph_calls=calls)
                 cudnn = []
@@ -138,8 +159,9 @@ def decode_rows(ctx, dtype, rounds) -> list[dict]:
                     cudnn.append(run)
                 row["cudnn_note"] = note
                 if len(cudnn) == sets:
-                    us, times = _replayed(torch, cp, [cudnn[i % sets] for i in range(calls)],
-                                          rounds)  # fmt: skip
+                    us, times = _replayed(
+                        torch, cp, [cudnn[i % sets] for i in range(calls)], rounds
+                    )
                     row["cudnn_us"], row["cudnn_round_us"] = us, times
                     row["cudnn_gbps"] = kv_bytes / us * 1e-3
                     want = cudnn[0]().float()
@@ -152,10 +174,11 @@ def decode_rows(ctx, dtype, rounds) -> list[dict]:
                         plan = PagedDecodePlan(q, kp, vp, table, lengths)
                         plans.append((plan, q, kp, vp, table, lengths))
                     us, times = _replayed(
-                        torch, cp,
+                        torch,
+                        cp,
                         [(lambda p=plans[i % sets]: p[0].run(*p[1:4])) for i in range(calls)],
                         rounds,
-                    )  # fmt: skip
+                    )
                     key = f"paged{ps}"
                     row[f"{key}_us"], row[f"{key}_round_us"] = us, times
                     row[f"{key}_gbps"] = kv_bytes / us * 1e-3
@@ -167,9 +190,12 @@ def decode_rows(ctx, dtype, rounds) -> list[dict]:
                         row[f"{key}_rel_diff_to_cudnn"] = float((got - want).norm() / want.norm())
                     del plans
                 rows.append(row)
-                print(f"[{dtype} B={B} Hkv={Hkv} Nk={Nk}] cuDNN {row.get('cudnn_gbps', 0):.0f}"
-                      + "".join(f", paged{ps} {row[f'paged{ps}_gbps']:.0f}" for ps in PAGE_SIZES)
-                      + " GB/s", file=sys.stderr)  # fmt: skip
+                print(
+                    f"[{dtype} B={B} Hkv={Hkv} Nk={Nk}] cuDNN {row.get('cudnn_gbps', 0):.0f}"
+                    + "".join(f", paged{ps} {row[f'paged{ps}_gbps']:.0f}" for ps in PAGE_SIZES)
+                    + " GB/s",
+                    file=sys.stderr,
+                )
                 del inputs, cudnn
                 torch.cuda.empty_cache()
     return rows
@@ -182,9 +208,16 @@ def append_rows(ctx, dtype, rounds) -> list[dict]:
     for n in APPEND_TOKENS:
         ps = 64
         per_seq = -(-n // ps) + 1
-        cache = DevicePagedKVCache(APPEND_B * per_seq, ps, APPEND_HKV, D, max_batch=APPEND_B,
-                                   max_pages_per_seq=per_seq, max_step_tokens=APPEND_B * n,
-                                   dtype=dtype)  # fmt: skip
+        cache = DevicePagedKVCache(
+            APPEND_B * per_seq,
+            ps,
+            APPEND_HKV,
+            D,
+            max_batch=APPEND_B,
+            max_pages_per_seq=per_seq,
+            max_step_tokens=APPEND_B * n,
+            dtype=dtype,
+        )
         seqs = [cache.new_sequence() for _ in range(APPEND_B)]
         cache.begin_step(seqs, n)
         new = torch.randn((2, APPEND_B, APPEND_HKV, n, D), device="cuda").to(dt)
@@ -201,15 +234,32 @@ def append_rows(ctx, dtype, rounds) -> list[dict]:
         torch.cuda.synchronize()
         K, V = cache.gather(seqs[-1], 0)
         exact = bool(torch.equal(K, new[0, -1]) and torch.equal(V, new[1, -1]))
-        rows.append({"dtype": dtype, "B": APPEND_B, "Hkv": APPEND_HKV, "n": n, "d": D,
-                     "page_size": ps, "bytes_written": written, "graph_calls": calls,
-                     "append_us": us, "append_round_us": times,
-                     "append_gbps": written / us * 1e-3, "copy_us": cus, "copy_round_us": ctimes,
-                     "copy_gbps": written / cus * 1e-3, "ratio_to_copy": cus / us,
-                     "fraction_of_hbm_copy": 2 * written / us * 1e-3 / ctx["copy_gbps"],
-                     "exact": exact})  # fmt: skip
-        print(f"[append B={APPEND_B} n={n}] {written / us * 1e-3:.0f} GB/s written, copy_ "
-              f"{written / cus * 1e-3:.0f}", file=sys.stderr)  # fmt: skip
+        rows.append(
+            {
+                "dtype": dtype,
+                "B": APPEND_B,
+                "Hkv": APPEND_HKV,
+                "n": n,
+                "d": D,
+                "page_size": ps,
+                "bytes_written": written,
+                "graph_calls": calls,
+                "append_us": us,
+                "append_round_us": times,
+                "append_gbps": written / us * 1e-3,
+                "copy_us": cus,
+                "copy_round_us": ctimes,
+                "copy_gbps": written / cus * 1e-3,
+                "ratio_to_copy": cus / us,
+                "fraction_of_hbm_copy": 2 * written / us * 1e-3 / ctx["copy_gbps"],
+                "exact": exact,
+            }
+        )
+        print(
+            f"[append B={APPEND_B} n={n}] {written / us * 1e-3:.0f} GB/s written, copy_ "
+            f"{written / cus * 1e-3:.0f}",
+            file=sys.stderr,
+        )
         del cache, new, src, dst
         torch.cuda.empty_cache()
     return rows
@@ -241,8 +291,10 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     torch, cp = ctx["torch"], ctx["cp"]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gen = torch.Generator().manual_seed(H + d)
-    q, k, v = (torch.randn((1, H, PREFILL_N, d), generator=gen).to(getattr(torch, dtype)).cuda()
-               for _ in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn((1, H, PREFILL_N, d), generator=gen).to(getattr(torch, dtype)).cuda()
+        for _ in range(3)
+    )
     kp, table = _pages(torch, k, PREFILL_PAGE, torch.Generator().manual_seed(5))
     vp, _ = _pages(torch, v, PREFILL_PAGE, torch.Generator().manual_seed(5))
     starts = range(0, PREFILL_N, PREFILL_CHUNK)
@@ -250,8 +302,10 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     lens = [torch.tensor([c + PREFILL_CHUNK], dtype=torch.int32, device="cuda") for c in starts]
 
     def chunked(splits=None):
-        return [paged_prefill_attention(x, kp, vp, table, n, splits=splits)
-                for x, n in zip(chunks, lens, strict=True)]  # fmt: skip
+        return [
+            paged_prefill_attention(x, kp, vp, table, n, splits=splits)
+            for x, n in zip(chunks, lens, strict=True)
+        ]
 
     def one():
         return flash_attention(q, k, v, causal=True)
@@ -260,12 +314,23 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return sdpa(q, k, v, is_causal=True)
 
-    row = {"dtype": dtype, "B": 1, "H": H, "d": d, "N": PREFILL_N, "chunk": PREFILL_CHUNK,
-           "page_size": PREFILL_PAGE, "flops": 2 * H * PREFILL_N**2 * d,
-           "splits": default_splits(-(-PREFILL_CHUNK // BR) * H, -(-PREFILL_N // BC),
-                                    gpu_facts()[2])}  # fmt: skip
-    for name, fn in (("chunked", chunked), ("chunked_one_split", lambda: chunked(1)),
-                     ("one_forward", one), ("cudnn", cudnn)):  # fmt: skip
+    row = {
+        "dtype": dtype,
+        "B": 1,
+        "H": H,
+        "d": d,
+        "N": PREFILL_N,
+        "chunk": PREFILL_CHUNK,
+        "page_size": PREFILL_PAGE,
+        "flops": 2 * H * PREFILL_N**2 * d,
+        "splits": default_splits(-(-PREFILL_CHUNK // BR) * H, -(-PREFILL_N // BC), gpu_facts()[2]),
+    }
+    for name, fn in (
+        ("chunked", chunked),
+        ("chunked_one_split", lambda: chunked(1)),
+        ("one_forward", one),
+        ("cudnn", cudnn),
+    ):
         us, times = _replayed(torch, cp, [fn] * 4, rounds)
         row[f"{name}_us"], row[f"{name}_round_us"] = us, times
         row[f"{name}_tflops"] = row["flops"] / us * 1e-6
@@ -281,12 +346,15 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
     for name, splits in (("default", None), ("one_split", 1)):
         kernels = _device_times(torch, lambda s=splits: chunked(s))
         row.setdefault("chunk_kernel_us", {})[name] = [
-            t for n, t in kernels if n == "paged_prefill"]  # fmt: skip
+            t for n, t in kernels if n == "paged_prefill"
+        ]
         row.setdefault("combine_kernel_us", {})[name] = [
-            t for n, t in kernels if n == "paged_prefill_combine"]  # fmt: skip
+            t for n, t in kernels if n == "paged_prefill_combine"
+        ]
         row.setdefault("chunk_longest_tiles", {})[name] = [
             _longest_tiles(c + PREFILL_CHUNK, PREFILL_CHUNK, H, splits, PREFILL_N, sms)
-            for c in starts]  # fmt: skip
+            for c in starts
+        ]
     print(
         f"[prefill H={H} d={d}] chunked {row['chunked_us']:.0f} us ({row['splits']} splits; "
         f"one split {row['chunked_one_split_us']:.0f}), one forward "
@@ -356,9 +424,13 @@ def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
     corpus = CharCorpus(book_text())
     trained = train("sdpa", steps=GEN_TRAIN_STEPS, cfg=cfg, corpus=corpus, keep_model=True)
     model = trained["model"]
-    model_meta = {"config": dataclasses.asdict(cfg),
-                  "train_steps": GEN_TRAIN_STEPS, "val_loss": trained["val_loss"],
-                  "prompt": GEN_PROMPT, "new_tokens": GEN_NEW}  # fmt: skip
+    model_meta = {
+        "config": dataclasses.asdict(cfg),
+        "train_steps": GEN_TRAIN_STEPS,
+        "val_loss": trained["val_loss"],
+        "prompt": GEN_PROMPT,
+        "new_tokens": GEN_NEW,
+    }
     rows = []
     for B in GEN_BATCHES:
         x, _ = next(corpus.batches(batch_size=B, context=GEN_PROMPT, seed=VAL_SEED, split="val"))
@@ -366,13 +438,15 @@ def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
         row = {"B": B}
         tokens = {}
         for name in GENERATORS:
-            runs = [generator(name, model, cfg, B).generate(prompts, GEN_NEW)
-                    for _ in range(rounds)]  # fmt: skip
+            runs = [
+                generator(name, model, cfg, B).generate(prompts, GEN_NEW) for _ in range(rounds)
+            ]
             rates = [B * r["steps"] / r["decode_s"] for r in runs]
             row[f"{name}_tokens_per_s"] = statistics.median(rates)
             row[f"{name}_round_tokens_per_s"] = rates
-            row[f"{name}_step_us"] = statistics.median(r["decode_s"] / r["steps"] * 1e6
-                                                       for r in runs)  # fmt: skip
+            row[f"{name}_step_us"] = statistics.median(
+                r["decode_s"] / r["steps"] * 1e6 for r in runs
+            )
             row[f"{name}_prefill_s"] = statistics.median(r["prefill_s"] for r in runs)
             tokens[name] = runs[0]["tokens"]
             row[f"{name}_loop_host_copies"] = runs[0]["loop_host_copies"]
@@ -387,9 +461,11 @@ def generation_rows(ctx, rounds) -> tuple[dict, list[dict]]:
         row["first_difference"] = [None if s else int(d) for s, d in zip(same, diff, strict=True)]
         row["gap_at_difference"] = _gaps(torch, model, prompts, a, b, row["first_difference"])
         rows.append(row)
-        print(f"[generate B={B}] flashref {row['flashref_tokens_per_s']:.0f} tok/s, SDPA "
-              f"{row['sdpa_tokens_per_s']:.0f}; {row['sequences_equal']}/{B} equal",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"[generate B={B}] flashref {row['flashref_tokens_per_s']:.0f} tok/s, SDPA "
+            f"{row['sdpa_tokens_per_s']:.0f}; {row['sequences_equal']}/{B} equal",
+            file=sys.stderr,
+        )
     return model_meta, rows
 
 
@@ -402,22 +478,33 @@ def run(args) -> dict:
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
     ctx = {"cp": cp, "torch": torch, "l2_bytes": facts["l2_bytes"], "copy_gbps": copy}
 
-    meta = {**provenance(cp, torch, decode=[HOPPER_DEFAULT_VERSION]),
-            "other_sources": {name: source_hash(paste_includes(KERNEL_DIR / name))
-                              for name in OTHER_SOURCES},
-            "hbm_copy_gbps": copy, "sm_count": facts["sm_count"],
-            "timing": ("CUDA graphs (torch.cuda.graph, relaxed mode, on a side stream), inputs "
-                       "rotated among graph_sets copies together >= 3x the L2; device events "
-                       f"around one replay / graph_calls, each round the median of {REPLAYS} "
-                       "replays, the row the median over rounds"),
-            "decode_rule": "GB/s = bytes of K and V (every key valid) / time per call",
-            "append_rule": ("GB/s = bytes of the new K and V written / time per call; "
-                            "fraction_of_hbm_copy counts them read and written against the "
-                            "measured device-to-device copy")}  # fmt: skip
+    meta = {
+        **provenance(cp, torch, decode=[HOPPER_DEFAULT_VERSION]),
+        "other_sources": {
+            name: source_hash(paste_includes(KERNEL_DIR / name)) for name in OTHER_SOURCES
+        },
+        "hbm_copy_gbps": copy,
+        "sm_count": facts["sm_count"],
+        "timing": (
+            "CUDA graphs (torch.cuda.graph, relaxed mode, on a side stream), inputs "
+            "rotated among graph_sets copies together >= 3x the L2; device events "
+            f"around one replay / graph_calls, each round the median of {REPLAYS} "
+            "replays, the row the median over rounds"
+        ),
+        "decode_rule": "GB/s = bytes of K and V (every key valid) / time per call",
+        "append_rule": (
+            "GB/s = bytes of the new K and V written / time per call; "
+            "fraction_of_hbm_copy counts them read and written against the "
+            "measured device-to-device copy"
+        ),
+    }
     out = {"meta": meta}
     with ClockSampler() as clock:
-        for name, rows_of in (("decode", decode_rows), ("append", append_rows),
-                              ("prefill", prefill_rows)):  # fmt: skip
+        for name, rows_of in (
+            ("decode", decode_rows),
+            ("append", append_rows),
+            ("prefill", prefill_rows),
+        ):
             if name in args.sections:
                 out[name] = [r for dtype in args.dtypes for r in rows_of(ctx, dtype, args.rounds)]
         if "generation" in args.sections:
@@ -434,17 +521,23 @@ def print_table(result: dict) -> None:
         if "note" in r:
             print(f"| {r['dtype']} | {r['B']} | {r['Hkv']} | {r['Nk']} | {r['note']} | | |")
             continue
-        cells = [f"{r[f'paged{ps}_gbps']:.0f} ({r.get(f'paged{ps}_ratio_to_cudnn', 0):.2f})"
-                 for ps in PAGE_SIZES]  # fmt: skip
-        print(f"| {r['dtype']} | {r['B']} | {r['Hkv']} | {r['Nk']} | "
-              f"{r.get('cudnn_gbps', 0):.0f} | {' | '.join(cells)} |")  # fmt: skip
+        cells = [
+            f"{r[f'paged{ps}_gbps']:.0f} ({r.get(f'paged{ps}_ratio_to_cudnn', 0):.2f})"
+            for ps in PAGE_SIZES
+        ]
+        print(
+            f"| {r['dtype']} | {r['B']} | {r['Hkv']} | {r['Nk']} | "
+            f"{r.get('cudnn_gbps', 0):.0f} | {' | '.join(cells)} |"
+        )
     print("\n# append of a step's K and V, B = 64, Hkv = 8, d = 128: GB/s written")
     print("| n | bytes | append | copy_ | ratio | fraction of HBM copy |")
     print("|---|---|---|---|---|---|")
     for r in result.get("append", []):
-        print(f"| {r['n']} | {r['bytes_written']} | {r['append_gbps']:.0f} | "
-              f"{r['copy_gbps']:.0f} | {r['ratio_to_copy']:.2f} | "
-              f"{r['fraction_of_hbm_copy']:.2f} |")  # fmt: skip
+        print(
+            f"| {r['n']} | {r['bytes_written']} | {r['append_gbps']:.0f} | "
+            f"{r['copy_gbps']:.0f} | {r['ratio_to_copy']:.2f} | "
+            f"{r['fraction_of_hbm_copy']:.2f} |"
+        )
     print(f"\n# chunked prefill, B = 1, N = {PREFILL_N}, chunks of {PREFILL_CHUNK}: us per prompt")
     print(
         "| dtype | H | d | splits | chunked | one split | one forward | cuDNN | ratio to one "
@@ -452,10 +545,12 @@ def print_table(result: dict) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result.get("prefill", []):
-        print(f"| {r['dtype']} | {r['H']} | {r['d']} | {r['splits']} | {r['chunked_us']:.0f} | "
-              f"{r['chunked_one_split_us']:.0f} | "
-              f"{r['one_forward_us']:.0f} | {r['cudnn_us']:.0f} | "
-              f"{r['ratio_to_one_forward']:.2f} | {r['ratio_to_cudnn']:.2f} |")  # fmt: skip
+        print(
+            f"| {r['dtype']} | {r['H']} | {r['d']} | {r['splits']} | {r['chunked_us']:.0f} | "
+            f"{r['chunked_one_split_us']:.0f} | "
+            f"{r['one_forward_us']:.0f} | {r['cudnn_us']:.0f} | "
+            f"{r['ratio_to_one_forward']:.2f} | {r['ratio_to_cudnn']:.2f} |"
+        )
     print("\n# generation, the chapter 8 model, greedy, graph-replayed steps: tokens/s")
     print(
         "| B | flashref | SDPA static cache | ratio | equal sequences | largest logit gap where "
@@ -463,19 +558,27 @@ def print_table(result: dict) -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for r in result.get("generation", []):
-        print(f"| {r['B']} | {r['flashref_tokens_per_s']:.0f} | {r['sdpa_tokens_per_s']:.0f} | "
-              f"{r['ratio_tokens_per_s']:.2f} | {r['sequences_equal']}/{r['B']} | "
-              f"{max([g for g in r['gap_at_difference'] if g is not None], default=0):.3f} | "
-              f"{r['flashref_loop_copies']} / {r['sdpa_loop_copies']} |")  # fmt: skip
+        print(
+            f"| {r['B']} | {r['flashref_tokens_per_s']:.0f} | {r['sdpa_tokens_per_s']:.0f} | "
+            f"{r['ratio_tokens_per_s']:.2f} | {r['sequences_equal']}/{r['B']} | "
+            f"{max([g for g in r['gap_at_difference'] if g is not None], default=0):.3f} | "
+            f"{r['flashref_loop_copies']} / {r['sdpa_loop_copies']} |"
+        )
 
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per row")
-    p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16"],
-                   help="dtypes of the cache")  # fmt: skip
-    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
-                   help="what to measure")  # fmt: skip
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float16"],
+        choices=["float16", "bfloat16"],
+        help="dtypes of the cache",
+    )
+    p.add_argument(
+        "--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS, help="what to measure"
+    )
     p.add_argument("--out", type=Path, default=OUT, help="where the JSON goes")
     args = p.parse_args(argv)
     if args.rounds < 1:

@@ -41,8 +41,10 @@ def provenance(cfg: Config, steps: int, dtype: str, corpus: CharCorpus) -> dict:
 
     d = cfg.d_model // cfg.n_heads
     cc = device_cc(cupy)
-    versions = {"forward": resolve_version(None, dtype, d, True, cc).number,
-                "backward": resolve_bwd_version(None, dtype, d, True, cc).number}  # fmt: skip
+    versions = {
+        "forward": resolve_version(None, dtype, d, True, cc).number,
+        "backward": resolve_bwd_version(None, dtype, d, True, cc).number,
+    }
     return prov.provenance(
         cupy, torch, forward=[versions["forward"]], backward=[versions["backward"]]
     ) | {
@@ -65,8 +67,11 @@ def compare(*, steps=300, seed=0, dtype="bfloat16", cfg=None) -> dict:
     runs = train_in_turn(plan, steps=steps, dtype=dtype, cfg=cfg, corpus=corpus)
     for run in runs:
         curve = f"loss {run['loss'][0]:.3f} -> {run['loss'][-1]:.3f}, val {run['val_loss']:.3f}"
-        print(f"{run['attention']:8} seed {run['seed']}: {curve}, "
-              f"{run['s_per_step'] * 1e3:.1f} ms/step", flush=True)  # fmt: skip
+        print(
+            f"{run['attention']:8} seed {run['seed']}: {curve}, "
+            f"{run['s_per_step'] * 1e3:.1f} ms/step",
+            flush=True,
+        )
     return {"meta": provenance(cfg, steps, dtype, corpus) | {"order": "in turn"}, "runs": runs}
 
 

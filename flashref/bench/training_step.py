@@ -48,9 +48,11 @@ API_PREFIXES = ("cuda", "cu")  # the CUDA runtime's and driver's calls, as the p
 # backward node, whatever backend SDPA picked
 ATTENTION_RANGES = {
     "flashref": ("_EagerAttention", "autograd::engine::evaluate_function: _EagerAttentionBackward"),
-    "sdpa": ("aten::scaled_dot_product_attention",
-             "autograd::engine::evaluate_function: ScaledDotProduct"),
-}  # fmt: skip
+    "sdpa": (
+        "aten::scaled_dot_product_attention",
+        "autograd::engine::evaluate_function: ScaledDotProduct",
+    ),
+}
 
 
 def summarize(events, steps: int, top: int = 25, attention: str | None = None) -> dict:
@@ -88,7 +90,7 @@ def summarize(events, steps: int, top: int = 25, attention: str | None = None) -
             e.key: [e.count / steps, e.self_cpu_time_total / steps]
             for e in events
             if e.key.startswith(API_PREFIXES)
-        },  # fmt: skip
+        },
     }
 
 
@@ -160,10 +162,12 @@ def measure(attention: str, device: str, steps: int) -> dict:
 def lines(run: dict, top: int = 15) -> list[str]:
     """A run's timings, its largest operators and its runtime/driver calls, as text."""
     p = run["profile"]
-    out = [f"{run['attention']}: step {run['step_ms']:.2f} ms; forward + backward: host "
-           f"{run['forward_backward_host_ms']:.2f} ms, done {run['forward_backward_done_ms']:.2f}"
-           f" ms; profiled per step: CPU {p['cpu_us'] / 1e3:.2f} ms, GPU {p['gpu_us'] / 1e3:.2f}"
-           " ms"]  # fmt: skip
+    out = [
+        f"{run['attention']}: step {run['step_ms']:.2f} ms; forward + backward: host "
+        f"{run['forward_backward_host_ms']:.2f} ms, done {run['forward_backward_done_ms']:.2f}"
+        f" ms; profiled per step: CPU {p['cpu_us'] / 1e3:.2f} ms, GPU {p['gpu_us'] / 1e3:.2f}"
+        " ms"
+    ]
     if p.get("attention_us"):
         fwd, bwd = p["attention_us"]
         out.append(f"  attention's ranges, CPU us per step: forward {fwd:.1f}, backward {bwd:.1f}")
@@ -186,9 +190,13 @@ def provenance(device: str, steps: int) -> dict:
         cfg = charmodel.Config()
         corpus = charmodel.CharCorpus(charmodel.book_text())
         return training.provenance(cfg, steps, "bfloat16", corpus) | common
-    return {"device": platform.processor(), "torch": torch.__version__,
-            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
-            "commit": git_commit()} | common  # fmt: skip
+    return {
+        "device": platform.processor(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
+    } | common
 
 
 PROG = "python -m flashref.bench training_step"
@@ -196,8 +204,9 @@ PROG = "python -m flashref.bench training_step"
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attention", nargs="+", default=["flashref", "sdpa"],
-                        choices=("flashref", "sdpa"))  # fmt: skip
+    parser.add_argument(
+        "--attention", nargs="+", default=["flashref", "sdpa"], choices=("flashref", "sdpa")
+    )
     parser.add_argument("--steps", type=int, default=10, help="steps timed and profiled")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")

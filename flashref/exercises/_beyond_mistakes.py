@@ -39,8 +39,7 @@ def warp_tiles(N, Br, Bc, warps, *, test="last", k_end="causal") -> tuple[int, i
             for w in range(warps):
                 total += 1
                 first, last = q0 + w * rows, q0 + w * rows + rows - 1
-                skipped += {"last": c0 > last, "first": c0 > first,
-                            "block": c0 > q0 + Br - 1}[test]  # fmt: skip
+                skipped += {"last": c0 > last, "first": c0 > first, "block": c0 > q0 + Br - 1}[test]
     return skipped, total
 
 

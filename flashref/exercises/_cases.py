@@ -179,5 +179,7 @@ def memory_cases():
     rng = np.random.default_rng(2024)
     q, k, v = (rng.standard_normal((2048, 16)) for _ in range(3))
     label = "a long sequence, peak memory measured"
-    return [(f"{label}, tall tiles", q, k, v, 512, 32, False),
-            (f"{label}, wide tiles", q, k, v, 32, 512, False)]  # fmt: skip
+    return [
+        (f"{label}, tall tiles", q, k, v, 512, 32, False),
+        (f"{label}, wide tiles", q, k, v, 32, 512, False),
+    ]

@@ -50,8 +50,9 @@ def combine_candidates(O_s, lse_s):
     seen = np.isfinite(m)
     out = []
     w = np.exp(lse_s)  # (S, R) no maximum subtracted: inf for lse above 709.78
-    out.append((NO_MAX, np.einsum("sr,srd->rd", w, O_s) / w.sum(axis=0)[:, None],
-                np.log(w.sum(axis=0))))  # fmt: skip
+    out.append(
+        (NO_MAX, np.einsum("sr,srd->rd", w, O_s) / w.sum(axis=0)[:, None], np.log(w.sum(axis=0)))
+    )
     w = np.where(np.isfinite(lse_s), lse_s, 0.0)  # (S, R) the lse itself as a weight
     out.append((LSE_WEIGHTS, np.einsum("sr,srd->rd", w, O_s) / w.sum(axis=0)[:, None], lse))
     out.append((AVERAGE, O_s.mean(axis=0), lse))

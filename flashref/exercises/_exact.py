@@ -80,8 +80,9 @@ def _case(label, points, expected, size, what, call, candidates, effect=None) ->
         text = f"{call}{points[i]}: expected {expected[i]}, got {value[i]}"
         text += f" ({len(bad)} of {len(points)} wrong)" if len(bad) > 1 else ""
         if effect is not None:  # what the wrong wait does, wrapped as the report's lines
-            text += "\n" + textwrap.fill(effect(points[i], value[i]), WIDTH,
-                                         initial_indent="  ", subsequent_indent="  ")  # fmt: skip
+            text += "\n" + textwrap.fill(
+                effect(points[i], value[i]), WIDTH, initial_indent="  ", subsequent_indent="  "
+            )
         return text
 
     return Case(

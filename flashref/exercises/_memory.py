@@ -146,8 +146,9 @@ def tiled_budget(Nq: int, Nk: int, d: int, dv: int, Br: int, Bc: int) -> int:
     return 2 * q_k_v_O + 8 * 8 * min(Br, Nq) * min(Bc, Nk)
 
 
-def memory_verdict(peak: int, Nq: int, Nk: int, budget: int, blocks: str, untiled: str,
-                   what: str = "the output is"):  # fmt: skip
+def memory_verdict(
+    peak: int, Nq: int, Nk: int, budget: int, blocks: str, untiled: str, what: str = "the output is"
+):
     """(problem, diagnosis) when ``peak`` is over the budget, else None. ``untiled`` is the
     mistake this case's tile shape shows (``UNTILED_KEYS`` for tall tiles, ``UNTILED_QUERIES``
     for wide ones); ``name_untiled`` makes it ``NOT_TILED`` when both shapes fail."""

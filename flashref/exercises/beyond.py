@@ -55,9 +55,18 @@ def check_warp_tiles(fn) -> CheckResult:
     for Br, Bc, warps in WARP_SHAPES:
         points = [(N, Br, Bc, warps) for N in (Br, 4 * Br, 1024, 4096)]
         expected = [bm.warp_tiles(*p) for p in points]
-        cases.append((f"Br={Br}, Bc={Bc}, warps={warps}, N = {Br}, {4 * Br}, 1024, 4096",
-                      points, expected, 2, "(skipped, total)", "fn", bm.skip_candidates,
-                      None))  # fmt: skip
+        cases.append(
+            (
+                f"Br={Br}, Bc={Bc}, warps={warps}, N = {Br}, {4 * Br}, 1024, 4096",
+                points,
+                expected,
+                2,
+                "(skipped, total)",
+                "fn",
+                bm.skip_candidates,
+                None,
+            )
+        )
     return _check("check_warp_tiles", fn, "fn(N, Br, Bc, warps) -> (skipped, total)", cases)
 
 
@@ -70,13 +79,14 @@ def _lazy_case(label, state, s, v, tau) -> Case:
     ref = bm.lazy_update(state, s, v, tau)
     R, dv = ref.o.shape
     size = {"m": np.abs(ref.m), "l": ref.l, "o": ref.l[:, None] * np.abs(v).max()}
-    tols = {"m": M_RTOL * np.maximum(size["m"], 1.0), "l": RTOL * size["l"],
-            "o": RTOL * size["o"]}  # fmt: skip
+    tols = {"m": M_RTOL * np.maximum(size["m"], 1.0), "l": RTOL * size["l"], "o": RTOL * size["o"]}
     parts = ("m", "l", "o")
 
     def distances(value, scale=1.0, nan_matches=False):
-        return [float(excess(getattr(ref, n), g, tols[n] * scale, nan_matches).max(initial=0.0))
-                for n, g in zip(parts, value, strict=True)]  # fmt: skip
+        return [
+            float(excess(getattr(ref, n), g, tols[n] * scale, nan_matches).max(initial=0.0))
+            for n, g in zip(parts, value, strict=True)
+        ]
 
     def describe(value):
         i = next(i for i, d in enumerate(distances(value)) if d > 1)
@@ -171,6 +181,16 @@ def check_l2_walk(fn) -> CheckResult:
     for (N, d, heads), heights in L2_WALK:
         points = [(N, d, Br, heads) for Br in heights]
         expected = [bm.l2_bytes(*p) for p in points]
-        cases.append((f"N={N}, d={d}, heads={heads}, Br in {heights}", points, expected, 1,
-                      "bytes", "fn", bm.l2_candidates, None))  # fmt: skip
+        cases.append(
+            (
+                f"N={N}, d={d}, heads={heads}, Br in {heights}",
+                points,
+                expected,
+                1,
+                "bytes",
+                "fn",
+                bm.l2_candidates,
+                None,
+            )
+        )
     return _check("check_l2_walk", fn, "fn(N, d, Br, heads) -> bytes", cases)

@@ -85,8 +85,10 @@ def _combine_case(label, O_s, lse_s) -> Case:
     tols32 = (float32_band(magnitude * max_o), float32_band(magnitude))
 
     def distance(value, tols=tols):
-        return max(float(excess(e, g, t).max(initial=0.0)) for e, g, t in zip(
-            (O_ref, lse_ref), value, tols, strict=True))  # fmt: skip
+        return max(
+            float(excess(e, g, t).max(initial=0.0))
+            for e, g, t in zip((O_ref, lse_ref), value, tols, strict=True)
+        )
 
     return Case(
         f"{label}: O_s {O_s.shape}, lse_s {lse_s.shape}",
@@ -105,8 +107,10 @@ def _combine_mistakes(case, value) -> list[str]:
     simulate, tols, distance = case.wrong
 
     def same(a, b, scale=1.0):
-        return all((excess(x, y, t * scale, nan_matches=True) <= 1).all()
-                   for x, y, t in zip(a, b, tols, strict=True))  # fmt: skip
+        return all(
+            (excess(x, y, t * scale, nan_matches=True) <= 1).all()
+            for x, y, t in zip(a, b, tols, strict=True)
+        )
 
     names = []
     for name, O_c, lse_c in simulate():
@@ -137,7 +141,7 @@ def _combine_cases():
         _splits(rng, "more splits than keys: 6 splits of 4 keys", 2, 2, 1, 4, 8, 6),
         _splits(
             rng, "causal, the later splits empty for early rows", 1, 1, 6, 6, 8, 3, causal=True
-        ),  # fmt: skip
+        ),
     ]
     mask = np.ones((2, 2, 40), dtype=bool)  # (Hq, Nq, Nk)
     mask[0, 1] = False  # one query may attend to no key at all
@@ -153,7 +157,7 @@ def _combine_cases():
         (
             "one split outweighs the rest",
             np.where(np.arange(S)[:, None] == 2, 40.0, 0.0) + rng.normal(0, 1, (S, R)),
-        ),  # fmt: skip
+        ),
     ]:
         cases.append((label, O_s, lse_s))
     return cases

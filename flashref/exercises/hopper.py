@@ -55,8 +55,18 @@ def check_wgmma_accumulator(fn) -> CheckResult:
     for n in (64, 128):
         points = [(T, i, n) for T in range(hp.WARPGROUP) for i in range(n // 2)]
         expected = [hp.wgmma_c(*p) for p in points]
-        cases.append((f"m64n{n}k16: 128 threads x {n // 2} registers", points, expected, 2,
-                      "(row, col)", "fn", hm.wgmma_c_candidates, None))  # fmt: skip
+        cases.append(
+            (
+                f"m64n{n}k16: 128 threads x {n // 2} registers",
+                points,
+                expected,
+                2,
+                "(row, col)",
+                "fn",
+                hm.wgmma_c_candidates,
+                None,
+            )
+        )
     return _check("check_wgmma_accumulator", fn, "fn(thread, reg, n) -> (row, col)", cases)
 
 
@@ -71,8 +81,18 @@ def check_swizzle_offset(fn) -> CheckResult:
     for rows in (range(0, 8), range(8, 16), range(16, 64)):
         points = [(r, c) for r in rows for c in range(hp.TILE_COLS)]
         expected = [int(hp.swizzle_offset(r, c)) for r, c in points]
-        cases.append((f"rows {rows.start}-{rows.stop - 1}, columns 0-63", points, expected, 1,
-                      "a byte offset", "fn", hm.swizzle_candidates, None))  # fmt: skip
+        cases.append(
+            (
+                f"rows {rows.start}-{rows.stop - 1}, columns 0-63",
+                points,
+                expected,
+                1,
+                "a byte offset",
+                "fn",
+                hm.swizzle_candidates,
+                None,
+            )
+        )
     return _check("check_swizzle_offset", fn, "fn(r, c) -> byte offset", cases)
 
 
@@ -93,8 +113,18 @@ def check_ring_parity(fn) -> CheckResult:
     for S in STAGES:
         points = _ring_points(S)
         expected = [(t % S, (t // S) % 2) for t, _ in points]
-        cases.append((f"{S} buffers, tiles 0-{4 * S}", points, expected, 2, "(buffer, parity)",
-                      "fn", hm.ring_candidates, None))  # fmt: skip
+        cases.append(
+            (
+                f"{S} buffers, tiles 0-{4 * S}",
+                points,
+                expected,
+                2,
+                "(buffer, parity)",
+                "fn",
+                hm.ring_candidates,
+                None,
+            )
+        )
     return _check("check_ring_parity", fn, "fn(t, stages) -> (buffer, parity)", cases)
 
 
@@ -114,8 +144,18 @@ def check_producer_wait(fn) -> CheckResult:
     for S in STAGES:
         points = _ring_points(S)
         expected = [(t % S, (t // S + 1) % 2) for t, _ in points]
-        cases.append((f"{S} stages, tiles 0-{4 * S}", points, expected, 2, "(stage, parity)",
-                      "fn", hm.producer_candidates, _producer_effect))  # fmt: skip
+        cases.append(
+            (
+                f"{S} stages, tiles 0-{4 * S}",
+                points,
+                expected,
+                2,
+                "(stage, parity)",
+                "fn",
+                hm.producer_candidates,
+                _producer_effect,
+            )
+        )
     return _check("check_producer_wait", fn, "fn(t, stages) -> (stage, parity)", cases)
 
 
@@ -149,6 +189,16 @@ def check_wait_group(fn) -> CheckResult:
         def candidates(groups, needed):
             return hm.wait_candidates(list(groups), needed)
 
-        cases.append((f"groups {' '.join(groups)}, reading {needed}", [point], expected, 1,
-                      "N", "fn", candidates, _wait_effect))  # fmt: skip
+        cases.append(
+            (
+                f"groups {' '.join(groups)}, reading {needed}",
+                [point],
+                expected,
+                1,
+                "N",
+                "fn",
+                candidates,
+                _wait_effect,
+            )
+        )
     return _check("check_wait_group", fn, "fn(groups, needed) -> N", cases)

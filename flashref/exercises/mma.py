@@ -31,9 +31,25 @@ def check_mma_fragment(fn) -> CheckResult:
     a = [("A", lane, reg, half) for lane in range(32) for reg in range(4) for half in range(2)]
     c = [("C", lane, reg, 0) for lane in range(32) for reg in range(4)]
     cases = [
-        ("A (16 x 16, fp16): 32 lanes x 4 registers x 2 halves", a,
-         [fr.mma_a(*p[1:]) for p in a], 2, "(row, col)", "fn", mm.a_candidates, None),
-        ("C (16 x 8, fp32): 32 lanes x 4 registers", c,
-         [fr.mma_c(*p[1:3]) for p in c], 2, "(row, col)", "fn", mm.c_candidates, None),
-    ]  # fmt: skip
+        (
+            "A (16 x 16, fp16): 32 lanes x 4 registers x 2 halves",
+            a,
+            [fr.mma_a(*p[1:]) for p in a],
+            2,
+            "(row, col)",
+            "fn",
+            mm.a_candidates,
+            None,
+        ),
+        (
+            "C (16 x 8, fp32): 32 lanes x 4 registers",
+            c,
+            [fr.mma_c(*p[1:3]) for p in c],
+            2,
+            "(row, col)",
+            "fn",
+            mm.c_candidates,
+            None,
+        ),
+    ]
     return _check("check_mma_fragment", fn, "fn(operand, lane, reg, half) -> (row, col)", cases)

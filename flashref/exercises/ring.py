@@ -211,8 +211,10 @@ def _step_case(label, Q, P_q, K, V, P_k, causal) -> Case:
     tols32 = (float32_band(magnitude * max_v), float32_band(magnitude))
 
     def distance(value, tols=tols):
-        return max(float(excess(e, g, t).max(initial=0.0)) for e, g, t in zip(
-            (O_ref, lse_ref), value, tols, strict=True))  # fmt: skip
+        return max(
+            float(excess(e, g, t).max(initial=0.0))
+            for e, g, t in zip((O_ref, lse_ref), value, tols, strict=True)
+        )
 
     return Case(
         f"{label}: P_q {runs(P_q)}, P_k {runs(P_k)}, causal={causal}",
@@ -231,8 +233,10 @@ def _step_mistakes(case, value) -> list[str]:
     simulate, tols, distance = case.wrong
 
     def same(a, b, scale=1.0):
-        return all((excess(x, y, t * scale, nan_matches=True) <= 1).all()
-                   for x, y, t in zip(a, b, tols, strict=True))  # fmt: skip
+        return all(
+            (excess(x, y, t * scale, nan_matches=True) <= 1).all()
+            for x, y, t in zip(a, b, tols, strict=True)
+        )
 
     names = []
     for name, O_c, lse_c, rows in simulate():

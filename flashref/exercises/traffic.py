@@ -41,8 +41,18 @@ def check_crossing_memory(fn) -> CheckResult:
     for order in ("kv_outer", "q_outer"):
         points = [(N, d, order) for N, d in CROSSING]
         expected = [tm.first_fewer(*p) for p in points]
-        cases.append((f"order={order!r}, (N, d) = {', '.join(map(str, CROSSING))}", points,
-                      expected, 1, "M in bytes", "fn", tm.crossing_candidates, None))  # fmt: skip
+        cases.append(
+            (
+                f"order={order!r}, (N, d) = {', '.join(map(str, CROSSING))}",
+                points,
+                expected,
+                1,
+                "M in bytes",
+                "fn",
+                tm.crossing_candidates,
+                None,
+            )
+        )
     return _check("check_crossing_memory", fn, "fn(N, d, order) -> M", cases)
 
 
@@ -62,12 +72,23 @@ def check_q_outer_traffic(fn) -> CheckResult:
     cases = []
     for (Nq, Nk, d, Br), widths in Q_OUTER:
         points = [(Nq, Nk, d, Br, Bc) for Bc in widths]
-        expected = [(io.walk_q_outer(*p[:3], Br=Br, Bc=p[4]).total_bytes,
-                     -(-Nq // Br) * -(-Nk // p[4])) for p in points]  # fmt: skip
-        cases.append((f"Nq={Nq}, Nk={Nk}, d={d}, Br={Br}, Bc in {widths}", points, expected,
-                      2, "(bytes, key_tiles)", "fn", tm.q_outer_candidates, None))  # fmt: skip
-    return _check("check_q_outer_traffic", fn, "fn(Nq, Nk, d, Br, Bc) -> (bytes, key_tiles)",
-                  cases)  # fmt: skip
+        expected = [
+            (io.walk_q_outer(*p[:3], Br=Br, Bc=p[4]).total_bytes, -(-Nq // Br) * -(-Nk // p[4]))
+            for p in points
+        ]
+        cases.append(
+            (
+                f"Nq={Nq}, Nk={Nk}, d={d}, Br={Br}, Bc in {widths}",
+                points,
+                expected,
+                2,
+                "(bytes, key_tiles)",
+                "fn",
+                tm.q_outer_candidates,
+                None,
+            )
+        )
+    return _check("check_q_outer_traffic", fn, "fn(Nq, Nk, d, Br, Bc) -> (bytes, key_tiles)", cases)
 
 
 def _largest_fitting(d: int, l2_bytes: int, heads: int) -> int:
@@ -96,6 +117,16 @@ def check_l2_fit(fn) -> CheckResult:
     for heads in (1, 3):
         points = [(d, size, heads) for size in L2_SIZES.values() for d in (64, 96, 128)]
         expected = [_largest_fitting(*p) for p in points]
-        cases.append((f"heads={heads}, L2 of {', '.join(L2_SIZES)}, d = 64, 96, 128", points,
-                      expected, 1, "N", "fn", tm.l2_candidates, None))  # fmt: skip
+        cases.append(
+            (
+                f"heads={heads}, L2 of {', '.join(L2_SIZES)}, d = 64, 96, 128",
+                points,
+                expected,
+                1,
+                "N",
+                "fn",
+                tm.l2_candidates,
+                None,
+            )
+        )
     return _check("check_l2_fit", fn, "fn(d, l2_bytes, heads) -> N", cases)

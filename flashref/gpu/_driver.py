@@ -44,14 +44,34 @@ def libcuda():
     if not _lib:
         lib = ctypes.CDLL("libcuda.so.1")  # ctypes releases the GIL around each call
         u32, vp = ctypes.c_uint, ctypes.c_void_p
-        lib.cuLaunchKernel.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp,
-                                       ctypes.POINTER(vp), ctypes.POINTER(vp)]  # fmt: skip
+        lib.cuLaunchKernel.argtypes = [
+            vp,
+            u32,
+            u32,
+            u32,
+            u32,
+            u32,
+            u32,
+            u32,
+            vp,
+            ctypes.POINTER(vp),
+            ctypes.POINTER(vp),
+        ]
         lib.cuLaunchKernel.restype = ctypes.c_int
         lib.cuTensorMapEncodeTiled.argtypes = [
-            vp, ctypes.c_int, u32, vp, ctypes.POINTER(ctypes.c_uint64),
-            ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(u32), ctypes.POINTER(u32),
-            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ]  # fmt: skip
+            vp,
+            ctypes.c_int,
+            u32,
+            vp,
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(u32),
+            ctypes.POINTER(u32),
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
         lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         _lib.append(lib)
@@ -145,19 +165,32 @@ class Launcher:
             self.pack(self.buf, 0, *args)
             if self.fast is not None:
                 try:
-                    self.fast(self.func_int, gx, gy, gz, bx, by, bz, shared_mem, stream,
-                              self.params_int, 0)  # fmt: skip
+                    self.fast(
+                        self.func_int,
+                        gx,
+                        gy,
+                        gz,
+                        bx,
+                        by,
+                        bz,
+                        shared_mem,
+                        stream,
+                        self.params_int,
+                        0,
+                    )
                     return
                 except Exception as exc:  # CuPy's CUDADriverError: the same code, retried
                     rc = getattr(exc, "status", None)
                     if rc is None:
                         raise
             else:
-                rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
-                                 self.params, None)  # fmt: skip
+                rc = self.launch(
+                    self.func, gx, gy, gz, bx, by, bz, shared_mem, stream, self.params, None
+                )
             if rc == CUDA_ERROR_INVALID_CONTEXT and make_context_current():
-                rc = self.launch(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream,
-                                 self.params, None)  # fmt: skip
+                rc = self.launch(
+                    self.func, gx, gy, gz, bx, by, bz, shared_mem, stream, self.params, None
+                )
         if rc:
             raise RuntimeError(f"cuLaunchKernel failed: {error_string(rc)}")
 
@@ -191,9 +224,16 @@ def _enum_values() -> dict:
     return _enums
 
 
-def encode_tensor_map(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str,
-                      box_rows: int, box_cols: int = 64,
-                      heads: int | None = None) -> bytes:  # fmt: skip
+def encode_tensor_map(
+    ptr: int,
+    rows: int,
+    cols: int,
+    row_bytes: int,
+    dtype: str,
+    box_rows: int,
+    box_cols: int = 64,
+    heads: int | None = None,
+) -> bytes:
     """The 128 bytes of the TMA descriptor of the (rows, cols) array at ``ptr`` (checked by
     the caller: ``tma.check_tensor_map_args``), as ``tma.tensor_map`` encodes it. With
     ``heads``: the 3-D (heads, rows, cols) array of ``heads`` such arrays one after the
@@ -211,8 +251,20 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str
     if aligned % 64:  # the driver wants the map 64-byte aligned: use an aligned copy
         raw = (ctypes.c_char * 192)()
         aligned = (ctypes.addressof(raw) + 63) & ~63
-    args = (aligned, e[dtype], rank, ptr, dims, strides, box, step,
-            e["interleave"], e["swizzle"], e["promotion"], e["fill"])  # fmt: skip
+    args = (
+        aligned,
+        e[dtype],
+        rank,
+        ptr,
+        dims,
+        strides,
+        box,
+        step,
+        e["interleave"],
+        e["swizzle"],
+        e["promotion"],
+        e["fill"],
+    )
     rc = libcuda().cuTensorMapEncodeTiled(*args)
     if rc == CUDA_ERROR_INVALID_CONTEXT and make_context_current():
         rc = libcuda().cuTensorMapEncodeTiled(*args)

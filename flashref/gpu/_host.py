@@ -42,8 +42,9 @@ def signature(arrays, scalars):
     it can: every planned call pays for it."""
     try:
         if is_torch(arrays[0]):
-            parts = [None if x is None else (type(x), x.shape, x.dtype, x.get_device())
-                     for x in arrays]  # fmt: skip
+            parts = [
+                None if x is None else (type(x), x.shape, x.dtype, x.get_device()) for x in arrays
+            ]
         else:
             import cupy
 
@@ -138,14 +139,24 @@ class Torch:
         self._dev = torch.device("cuda", device)
         self._cupy_streams: dict = {}
         bf16 = _bfloat16()
-        self._np = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                    torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
-                    torch.uint8: np.dtype(np.uint8)}  # fmt: skip
+        self._np = {
+            torch.float16: np.dtype(np.float16),
+            torch.float32: np.dtype(np.float32),
+            torch.int32: np.dtype(np.int32),
+            torch.int64: np.dtype(np.int64),
+            torch.uint8: np.dtype(np.uint8),
+        }
         if bf16 is not None:
             self._np[torch.bfloat16] = bf16
         self._torch_dtype = {v: k for k, v in self._np.items()}
-        self._torch_dtype.update({"float16": torch.float16, "float32": torch.float32,
-                                  "bfloat16": torch.bfloat16, "int32": torch.int32})  # fmt: skip
+        self._torch_dtype.update(
+            {
+                "float16": torch.float16,
+                "float32": torch.float32,
+                "bfloat16": torch.bfloat16,
+                "int32": torch.int32,
+            }
+        )
 
     def stream_ptr(self) -> int:
         return self._raw_stream(self.device)

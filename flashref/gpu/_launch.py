@@ -81,8 +81,9 @@ def tensor_map_of(x2, box_rows: int):
     (``tma.tensor_map`` checks it), uncached.
     """
     if x2.flags.c_contiguous:
-        m = tensor_map_ptr(x2.data.ptr, *x2.shape, str(x2.dtype), box_rows,
-                           cp.cuda.runtime.getDevice())  # fmt: skip
+        m = tensor_map_ptr(
+            x2.data.ptr, *x2.shape, str(x2.dtype), box_rows, cp.cuda.runtime.getDevice()
+        )
         return np.frombuffer(m, dtype=MAP_DTYPE)[0]
     return tensor_map(x2, box_rows)
 
@@ -117,9 +118,11 @@ def dq_tensor_map(ptr: int, heads: int, rows: int, cols: int, device: int) -> by
 
 def _tma_args(ver, q3, k3, v3, d: int) -> tuple:
     """(qmap, kmap, vmap) over (B*H*N, d) views: Q boxes of 64 rows, K and V of Bc rows."""
-    return (tensor_map_of(q3.reshape(-1, d), 64),
-            tensor_map_of(k3.reshape(-1, d), ver.Bc(d)),
-            tensor_map_of(v3.reshape(-1, d), ver.Bc(d)))  # fmt: skip
+    return (
+        tensor_map_of(q3.reshape(-1, d), 64),
+        tensor_map_of(k3.reshape(-1, d), ver.Bc(d)),
+        tensor_map_of(v3.reshape(-1, d), ver.Bc(d)),
+    )
 
 
 def as_kernel_input(x, shape):
@@ -169,9 +172,20 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
             chunk = tuple(x[b0:b1] for x in chunk)
         maps = _tma_args(ver, *chunk[:3], d) if ver.tma else ()
         heads = (np.int32(b1 - b0),) if ver.persistent else ()  # the work tiles' B*H
-        fn(ver.grid(Nq, b1 - b0, sms), (ver.threads,),
-           (*chunk, np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal), *maps, *heads),
-           shared_mem=smem)  # fmt: skip
+        fn(
+            ver.grid(Nq, b1 - b0, sms),
+            (ver.threads,),
+            (
+                *chunk,
+                np.int32(Nq),
+                np.int32(Nk),
+                np.float32(scale),
+                np.int32(causal),
+                *maps,
+                *heads,
+            ),
+            shared_mem=smem,
+        )
 
 
 def launch_grouped(ver, q, k, v, O, lse, *, G: int, causal: bool, scale: float) -> None:

@@ -174,10 +174,15 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
         pre(((Nq + rows - 1) // rows, nb), (PRE_THREADS,), (o3[b], do3[b], Dvec[b], np.int32(Nq)))
         common = (q3[b], k3[b], v3[b], do3[b], lse2[b], Dvec[b])
         if ver.deterministic_dq:  # dK, dV; then dQ per query tile, written once
-            main((Tc, nb), (ver.threads,), (*common, dk3[b], dv3[b], *ints),
-                 shared_mem=ver.smem_bytes(d))  # fmt: skip
-            last((Tr, nb), (ver.threads,), (*common, dq3[b], *ints),
-                 shared_mem=ver.dq_smem_bytes(d))  # fmt: skip
+            main(
+                (Tc, nb),
+                (ver.threads,),
+                (*common, dk3[b], dv3[b], *ints),
+                shared_mem=ver.smem_bytes(d),
+            )
+            last(
+                (Tr, nb), (ver.threads,), (*common, dq3[b], *ints), shared_mem=ver.dq_smem_bytes(d)
+            )
         else:  # dK, dV, and dQ / scale added into dQacc
             maps = _tma_maps(ver, q3[b], k3[b], v3[b], do3[b], d) if ver.tma else ()
             if ver.dq_tensor_map:  # dQacc's map over this chunk of heads
@@ -186,8 +191,12 @@ def launch_backward(ver, q, k, v, o, lse, do, dq, dk, dv, *, causal: bool, scale
 
                 m = dq_tensor_map(dQacc[b].data.ptr, nb, Nq, d, cp.cuda.runtime.getDevice())
                 maps += (np.frombuffer(m, dtype=MAP_DTYPE)[0],)
-            main((Tc, nb), (ver.threads,), (*common, dQacc[b], dk3[b], dv3[b], *ints, *maps),
-                 shared_mem=ver.smem_bytes(d))  # fmt: skip
+            main(
+                (Tc, nb),
+                (ver.threads,),
+                (*common, dQacc[b], dk3[b], dv3[b], *ints, *maps),
+                shared_mem=ver.smem_bytes(d),
+            )
     if dQacc is not None:  # dQ = scale * dQacc in q's dtype
         pairs = BH * Nq * d // 2
         blocks = min((pairs + CONVERT_THREADS - 1) // CONVERT_THREADS, 8192)
@@ -335,8 +344,11 @@ class _BwdPlan:
     def _direct(self, arrays, ptrs):
         b, ver, cp = self.backend, self.ver, self.cp
         dtype = arrays[0].dtype
-        dq, dk, dv = (b.empty(self.q_shape, dtype), b.empty(self.k_shape, dtype),
-                      b.empty(self.k_shape, dtype))  # fmt: skip
+        dq, dk, dv = (
+            b.empty(self.q_shape, dtype),
+            b.empty(self.k_shape, dtype),
+            b.empty(self.k_shape, dtype),
+        )
         scratch = b.empty((self.scratch_floats,), "float32")  # D (B*H, Nq), then dQacc
         qp, kp, vp, op, lp, dop = ptrs
         Dp = b.ptr(scratch)
@@ -352,9 +364,12 @@ class _BwdPlan:
             if ver.tma:
                 map_of, d, dt, dev = self.map_of, self.d, self.dtype, self.device
                 (rq, bq), (rk, bk) = self.map_rows
-                maps = (map_of(qp, rq, d, dt, bq, dev), map_of(kp, rk, d, dt, bk, dev),
-                        map_of(vp, rk, d, dt, bk, dev),
-                        map_of(dop, rq, d, dt, bq, dev))  # fmt: skip
+                maps = (
+                    map_of(qp, rq, d, dt, bq, dev),
+                    map_of(kp, rk, d, dt, bk, dev),
+                    map_of(vp, rk, d, dt, bk, dev),
+                    map_of(dop, rq, d, dt, bq, dev),
+                )
                 if ver.dq_tensor_map:
                     maps += (self.dq_map_of(ap, self.BH, self.Nq, d, dev),)
             main_args = (*common, ap, b.ptr(dk), b.ptr(dv), *self.ints, *maps)
@@ -362,8 +377,9 @@ class _BwdPlan:
         with _host.device_scope(cp, b.device):
             if self.launchers is None:
                 firsts = (pre_args, main_args, last_args)
-                self.launchers = tuple(_host.launcher(fn, a)
-                                       for fn, a in zip(self.fns, firsts, strict=True))  # fmt: skip
+                self.launchers = tuple(
+                    _host.launcher(fn, a) for fn, a in zip(self.fns, firsts, strict=True)
+                )
             pre, main, last = self.launchers
             pre(self.pre_grid, (PRE_THREADS, 1, 1), 0, stream, pre_args)
             if not ver.deterministic_dq:
@@ -378,13 +394,17 @@ class _BwdPlan:
         b, q = self.backend, arrays[0]
         with b.scope():
             q_, k_, v_, o_, lse_, do_ = (b.view(x) for x in arrays)
-            grads = (b.empty(self.q_shape, q.dtype), b.empty(self.k_shape, q.dtype),
-                     b.empty(self.k_shape, q.dtype))  # fmt: skip
+            grads = (
+                b.empty(self.q_shape, q.dtype),
+                b.empty(self.k_shape, q.dtype),
+                b.empty(self.k_shape, q.dtype),
+            )
             dq, dk, dv = (b.view(x) for x in grads)
             kw = {"causal": self.causal, "scale": self.scale}
             if self.G == 1:
                 launch_backward(self.ver, q_, k_, v_, o_, lse_, do_, dq, dk, dv, **kw)
             else:
-                launch_backward_grouped(self.ver, q_, k_, v_, o_, lse_, do_, dq, dk, dv,
-                                        G=self.G, **kw)  # fmt: skip
+                launch_backward_grouped(
+                    self.ver, q_, k_, v_, o_, lse_, do_, dq, dk, dv, G=self.G, **kw
+                )
         return grads

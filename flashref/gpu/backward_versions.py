@@ -118,111 +118,298 @@ class BwdVersion(KernelVersion):
 BWD_VERSIONS: dict[int, BwdVersion] = {
     v.number: v
     for v in (
-        BwdVersion(1, "atomic_dq",
-                   "FlashAttention-2's backward on mma.sync: K/V tile per block, 4 warps of 16 "
-                   "keys, S^T and dP^T recomputed per query tile, dQ by float32 atomics",
-                   "bwd01_atomic_dq.cu", Bc=64, Br=64, threads=128, deterministic_dq=False),
-        BwdVersion(2, "dq_pass",
-                   "bwd1 without atomics: dK, dV kernel, then a dQ kernel per query tile that "
-                   "recomputes S and dP (7 products instead of 5, dQ deterministic)",
-                   "bwd02_dq_pass.cu", Bc=64, Br=64, threads=128, deterministic_dq=True),
-        BwdVersion(3, "bc128",
-                   "bwd1 with 8 warps and Bc = 128: each query tile copied serves twice the "
-                   "keys, half the dQ atomics",
-                   "bwd03_bc128.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
-        BwdVersion(4, "red_v2",
-                   "bwd3 adding dQ with red.global.add.v2.f32: one atomic per two elements",
-                   "bwd04_red_pairs.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
-        BwdVersion(5, "red_v4",
-                   "bwd4 adding dQ with red.global.add.v4.f32 after one exchange between lane "
-                   "pairs: one atomic per four elements",
-                   "bwd05_red_quads.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
-        BwdVersion(6, "two_syncs",
-                   "bwd5 without the barrier at the end of each query tile: the next tile's "
-                   "first barrier already orders the reuse of dS^T and the buffers",
-                   "bwd06_two_syncs.cu", Bc=128, Br=64, threads=256, deterministic_dq=False),
-        BwdVersion(7, "bc64_occupancy",
-                   "bwd6 with 4 warps and Bc = 64, registers held to three blocks per SM at "
-                   "d = 64 (two at d = 128): more warps per scheduler, twice the dQ atomics",
-                   "bwd07_bc64_occupancy.cu", Bc=64, Br=64, threads=128, deterministic_dq=False,
-                   blocks_per_sm=((64, 3), (128, 2))),
-        BwdVersion(8, "wgmma",
-                   "FlashAttention-3's backward on sm_90a: a producer warpgroup (TMA ring of "
-                   "Q_i, dO_i; lse, D by plain loads), 2 consumer warpgroups of 64 keys (Bc = "
-                   "128), all five products by wgmma, dS^T from shared memory as a transposed "
-                   "A, dQ by red.global.add.v4",
-                   "bwd08_wgmma.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2),
-        BwdVersion(9, "bulk_dq",
-                   "bwd8 adding dQ by the copy engine: each warp stages its rows of dQ_i in "
-                   "shared memory and sends each row with one bulk reduce-add "
-                   "(cp.reduce.async.bulk) instead of red.global.add.v4 after a shuffle",
-                   "bwd09_bulk_dq.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2, dq_bulk=True),
-        BwdVersion(10, "early_dv",
-                   "bwd9 issuing dV += P^T dO as soon as P^T is packed, so that the tensor "
-                   "cores compute it while the warpgroup computes dS^T",
-                   "bwd10_early_dv.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=2, dq_bulk=True),
-        BwdVersion(11, "dq_once",
-                   "bwd8 computing dQ_i once per block over all 128 keys, by the two consumer "
-                   "warpgroups in turn (a 256-thread named barrier on dS^T): half the dQ "
-                   "atomics",
-                   "bwd11_dq_once.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1),
-        BwdVersion(12, "dq_writer",
-                   "bwd11 with dQ_i sent by a producer warp: the dQ consumer stages it in "
-                   "shared memory and goes on, and the warp adds each row with one bulk "
-                   "reduce-add (FlashAttention-3's dQ writer)",
-                   "bwd12_dq_writer.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True),
-        BwdVersion(13, "dq_split",
-                   "bwd12 with dQ_i split by columns between the two consumers, each over all "
-                   "128 keys on every tile (FlashAttention-3's split), staged while dK's wgmma "
-                   "runs",
-                   "bwd13_dq_split.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
-                   dq_columns_split=True),
-        BwdVersion(14, "dq_two_copies",
-                   "bwd13 sending dQ_i in two bulk reduce-adds of 32 rows instead of one per "
-                   "row: the staging buffer is dense, so 32 rows are one contiguous run of dQacc",
-                   "bwd14_dq_two_copies.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
-                   dq_stage_pad=0, dq_columns_split=True),
-        BwdVersion(15, "dq_two_buffers",
-                   "bwd14 with two dQ staging buffers: the consumers store tile i + 1 while the "
-                   "copy engine still reads tile i",
-                   "bwd15_dq_two_buffers.cu", Bc=128, Br=64, threads=384, deterministic_dq=False,
-                   min_cc=(9, 0), arch="sm_90a", tma=True, dq_adds_per_tile=1, dq_writer=True,
-                   dq_stage_pad=0, dq_stage_buffers=2, dq_columns_split=True),
-        BwdVersion(16, "dq_tensor_reduce",
-                   "bwd14 with dQ_i staged in the 128-byte swizzle (no bank conflicts in the "
-                   "consumers' stores) and sent by a tensor-map reduce-add per 32 columns",
-                   "bwd16_dq_tensor_reduce.cu", Bc=128, Br=64, threads=384,
-                   deterministic_dq=False, min_cc=(9, 0), arch="sm_90a", tma=True,
-                   dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_columns_split=True,
-                   dq_tensor_map=True),
-        BwdVersion(17, "br128",
-                   "bwd16 with query tiles of 128 rows at d = 64: S^T and dP^T m64n128, dQ_i "
-                   "split by rows (m64n64 each), half the tiles and barriers per key block",
-                   "bwd17_br128.cu", Bc=128, Br=128, threads=384, deterministic_dq=False,
-                   head_dims=(64,), min_cc=(9, 0), arch="sm_90a", tma=True,
-                   dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_tensor_map=True),
-        BwdVersion(18, "dq_store_order",
-                   "bwd16 with the consumers' dQ_i stores reordered (lanes t = 2, 3 store column "
-                   "group n ^ 2) so that the swizzle serves each in two wavefronts, not four",
-                   "bwd18_dq_store_order.cu", Bc=128, Br=64, threads=384,
-                   deterministic_dq=False, min_cc=(9, 0), arch="sm_90a", tma=True,
-                   dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0, dq_columns_split=True,
-                   dq_tensor_map=True),
-        BwdVersion(19, "br128_store_order",
-                   "bwd17 with version 18's order of the dQ_i stores (d = 64)",
-                   "bwd19_br128_store_order.cu", Bc=128, Br=128, threads=384,
-                   deterministic_dq=False, head_dims=(64,), min_cc=(9, 0), arch="sm_90a",
-                   tma=True, dq_adds_per_tile=1, dq_writer=True, dq_stage_pad=0,
-                   dq_tensor_map=True),
+        BwdVersion(
+            1,
+            "atomic_dq",
+            "FlashAttention-2's backward on mma.sync: K/V tile per block, 4 warps of 16 "
+            "keys, S^T and dP^T recomputed per query tile, dQ by float32 atomics",
+            "bwd01_atomic_dq.cu",
+            Bc=64,
+            Br=64,
+            threads=128,
+            deterministic_dq=False,
+        ),
+        BwdVersion(
+            2,
+            "dq_pass",
+            "bwd1 without atomics: dK, dV kernel, then a dQ kernel per query tile that "
+            "recomputes S and dP (7 products instead of 5, dQ deterministic)",
+            "bwd02_dq_pass.cu",
+            Bc=64,
+            Br=64,
+            threads=128,
+            deterministic_dq=True,
+        ),
+        BwdVersion(
+            3,
+            "bc128",
+            "bwd1 with 8 warps and Bc = 128: each query tile copied serves twice the "
+            "keys, half the dQ atomics",
+            "bwd03_bc128.cu",
+            Bc=128,
+            Br=64,
+            threads=256,
+            deterministic_dq=False,
+        ),
+        BwdVersion(
+            4,
+            "red_v2",
+            "bwd3 adding dQ with red.global.add.v2.f32: one atomic per two elements",
+            "bwd04_red_pairs.cu",
+            Bc=128,
+            Br=64,
+            threads=256,
+            deterministic_dq=False,
+        ),
+        BwdVersion(
+            5,
+            "red_v4",
+            "bwd4 adding dQ with red.global.add.v4.f32 after one exchange between lane "
+            "pairs: one atomic per four elements",
+            "bwd05_red_quads.cu",
+            Bc=128,
+            Br=64,
+            threads=256,
+            deterministic_dq=False,
+        ),
+        BwdVersion(
+            6,
+            "two_syncs",
+            "bwd5 without the barrier at the end of each query tile: the next tile's "
+            "first barrier already orders the reuse of dS^T and the buffers",
+            "bwd06_two_syncs.cu",
+            Bc=128,
+            Br=64,
+            threads=256,
+            deterministic_dq=False,
+        ),
+        BwdVersion(
+            7,
+            "bc64_occupancy",
+            "bwd6 with 4 warps and Bc = 64, registers held to three blocks per SM at "
+            "d = 64 (two at d = 128): more warps per scheduler, twice the dQ atomics",
+            "bwd07_bc64_occupancy.cu",
+            Bc=64,
+            Br=64,
+            threads=128,
+            deterministic_dq=False,
+            blocks_per_sm=((64, 3), (128, 2)),
+        ),
+        BwdVersion(
+            8,
+            "wgmma",
+            "FlashAttention-3's backward on sm_90a: a producer warpgroup (TMA ring of "
+            "Q_i, dO_i; lse, D by plain loads), 2 consumer warpgroups of 64 keys (Bc = "
+            "128), all five products by wgmma, dS^T from shared memory as a transposed "
+            "A, dQ by red.global.add.v4",
+            "bwd08_wgmma.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=2,
+        ),
+        BwdVersion(
+            9,
+            "bulk_dq",
+            "bwd8 adding dQ by the copy engine: each warp stages its rows of dQ_i in "
+            "shared memory and sends each row with one bulk reduce-add "
+            "(cp.reduce.async.bulk) instead of red.global.add.v4 after a shuffle",
+            "bwd09_bulk_dq.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=2,
+            dq_bulk=True,
+        ),
+        BwdVersion(
+            10,
+            "early_dv",
+            "bwd9 issuing dV += P^T dO as soon as P^T is packed, so that the tensor "
+            "cores compute it while the warpgroup computes dS^T",
+            "bwd10_early_dv.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=2,
+            dq_bulk=True,
+        ),
+        BwdVersion(
+            11,
+            "dq_once",
+            "bwd8 computing dQ_i once per block over all 128 keys, by the two consumer "
+            "warpgroups in turn (a 256-thread named barrier on dS^T): half the dQ "
+            "atomics",
+            "bwd11_dq_once.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+        ),
+        BwdVersion(
+            12,
+            "dq_writer",
+            "bwd11 with dQ_i sent by a producer warp: the dQ consumer stages it in "
+            "shared memory and goes on, and the warp adds each row with one bulk "
+            "reduce-add (FlashAttention-3's dQ writer)",
+            "bwd12_dq_writer.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+        ),
+        BwdVersion(
+            13,
+            "dq_split",
+            "bwd12 with dQ_i split by columns between the two consumers, each over all "
+            "128 keys on every tile (FlashAttention-3's split), staged while dK's wgmma "
+            "runs",
+            "bwd13_dq_split.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_columns_split=True,
+        ),
+        BwdVersion(
+            14,
+            "dq_two_copies",
+            "bwd13 sending dQ_i in two bulk reduce-adds of 32 rows instead of one per "
+            "row: the staging buffer is dense, so 32 rows are one contiguous run of dQacc",
+            "bwd14_dq_two_copies.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_stage_pad=0,
+            dq_columns_split=True,
+        ),
+        BwdVersion(
+            15,
+            "dq_two_buffers",
+            "bwd14 with two dQ staging buffers: the consumers store tile i + 1 while the "
+            "copy engine still reads tile i",
+            "bwd15_dq_two_buffers.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_stage_pad=0,
+            dq_stage_buffers=2,
+            dq_columns_split=True,
+        ),
+        BwdVersion(
+            16,
+            "dq_tensor_reduce",
+            "bwd14 with dQ_i staged in the 128-byte swizzle (no bank conflicts in the "
+            "consumers' stores) and sent by a tensor-map reduce-add per 32 columns",
+            "bwd16_dq_tensor_reduce.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_stage_pad=0,
+            dq_columns_split=True,
+            dq_tensor_map=True,
+        ),
+        BwdVersion(
+            17,
+            "br128",
+            "bwd16 with query tiles of 128 rows at d = 64: S^T and dP^T m64n128, dQ_i "
+            "split by rows (m64n64 each), half the tiles and barriers per key block",
+            "bwd17_br128.cu",
+            Bc=128,
+            Br=128,
+            threads=384,
+            deterministic_dq=False,
+            head_dims=(64,),
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_stage_pad=0,
+            dq_tensor_map=True,
+        ),
+        BwdVersion(
+            18,
+            "dq_store_order",
+            "bwd16 with the consumers' dQ_i stores reordered (lanes t = 2, 3 store column "
+            "group n ^ 2) so that the swizzle serves each in two wavefronts, not four",
+            "bwd18_dq_store_order.cu",
+            Bc=128,
+            Br=64,
+            threads=384,
+            deterministic_dq=False,
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_stage_pad=0,
+            dq_columns_split=True,
+            dq_tensor_map=True,
+        ),
+        BwdVersion(
+            19,
+            "br128_store_order",
+            "bwd17 with version 18's order of the dQ_i stores (d = 64)",
+            "bwd19_br128_store_order.cu",
+            Bc=128,
+            Br=128,
+            threads=384,
+            deterministic_dq=False,
+            head_dims=(64,),
+            min_cc=(9, 0),
+            arch="sm_90a",
+            tma=True,
+            dq_adds_per_tile=1,
+            dq_writer=True,
+            dq_stage_pad=0,
+            dq_tensor_map=True,
+        ),
     )
-}  # fmt: skip
+}
 
 # version=None picks, for each (dtype, d, causal), the backward version whose worst ratio to the
 # fastest over the sequence lengths of the recorded run, results/gpu_backward.json, is highest
@@ -231,17 +418,25 @@ BWD_VERSIONS: dict[int, BwdVersion] = {
 # those that run there, the ones not built for sm_90a (BWD_PREFERENCE). A test checks both
 # tables against the file.
 BWD_PREFERENCE = {
-    ("float16", 64, False): 2, ("float16", 64, True): 2,
-    ("float16", 128, False): 6, ("float16", 128, True): 4,
-    ("bfloat16", 64, False): 2, ("bfloat16", 64, True): 2,
-    ("bfloat16", 128, False): 6, ("bfloat16", 128, True): 4,
-}  # fmt: skip
+    ("float16", 64, False): 2,
+    ("float16", 64, True): 2,
+    ("float16", 128, False): 6,
+    ("float16", 128, True): 4,
+    ("bfloat16", 64, False): 2,
+    ("bfloat16", 64, True): 2,
+    ("bfloat16", 128, False): 6,
+    ("bfloat16", 128, True): 4,
+}
 BWD_HOPPER_PREFERENCE = {
-    ("float16", 64, False): 19, ("float16", 64, True): 19,
-    ("float16", 128, False): 18, ("float16", 128, True): 18,
-    ("bfloat16", 64, False): 19, ("bfloat16", 64, True): 19,
-    ("bfloat16", 128, False): 18, ("bfloat16", 128, True): 18,
-}  # fmt: skip
+    ("float16", 64, False): 19,
+    ("float16", 64, True): 19,
+    ("float16", 128, False): 18,
+    ("float16", 128, True): 18,
+    ("bfloat16", 64, False): 19,
+    ("bfloat16", 64, True): 19,
+    ("bfloat16", 128, False): 18,
+    ("bfloat16", 128, True): 18,
+}
 
 
 def default_bwd_version(dtype: str, d: int, causal: bool, cc=None) -> int | None:

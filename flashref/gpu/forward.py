@@ -156,8 +156,9 @@ class _Plan:
         self.o_shape, self.lse_shape = (*self.lead, self.Nq, d), (*self.lead, self.Nq)
         self.decode = _decode_route(q, k, G, dtype, causal, version)
         BH = math.prod(self.lead)
-        self.direct = (not self.decode and G == 1 and BH > 0 and self.Nq > 0 and self.Nk > 0
-                       and scale > 0)  # fmt: skip
+        self.direct = (
+            not self.decode and G == 1 and BH > 0 and self.Nq > 0 and self.Nk > 0 and scale > 0
+        )
         if self.direct:
             self._prepare(BH)
 
@@ -179,8 +180,12 @@ class _Plan:
             ver.smem_bytes(d),
         )
         self.launch = None  # a _driver.Launcher, made at the first call
-        self.scalars = (np.int32(self.Nq), np.int32(self.Nk), np.float32(self.scale),
-                        np.int32(self.causal))  # fmt: skip
+        self.scalars = (
+            np.int32(self.Nq),
+            np.int32(self.Nk),
+            np.float32(self.scale),
+            np.int32(self.causal),
+        )
         self.heads = (np.int32(BH),) if ver.persistent else ()
         self.tma = bool(ver.tma)
         if self.tma:
@@ -220,9 +225,11 @@ class _Plan:
                 if self.tma:
                     map_of, d, dt, dev = self.map_of, self.d, self.dtype, self.device
                     (rq, bq), (rk, bk), (rv, bv) = self.map_rows
-                    maps = (map_of(ptrs[0], rq, d, dt, bq, dev),
-                            map_of(ptrs[1], rk, d, dt, bk, dev),
-                            map_of(ptrs[2], rv, d, dt, bv, dev))  # fmt: skip
+                    maps = (
+                        map_of(ptrs[0], rq, d, dt, bq, dev),
+                        map_of(ptrs[1], rk, d, dt, bk, dev),
+                        map_of(ptrs[2], rv, d, dt, bv, dev),
+                    )
                 args = (*ptrs, b.ptr(O), b.ptr(lse), *self.scalars, *maps, *self.heads)
                 with _host.device_scope(self.cp, b.device):
                     if self.launch is None:
@@ -245,14 +252,16 @@ class _Plan:
                 from .decode import decode_attention
 
                 causal_br = "bottom_right" if self.causal else False  # the same mask: Nq == Nk
-                O_d, lse_d = decode_attention(qc, kc, vc, causal=causal_br, scale=self.scale,
-                                              return_lse=True)  # fmt: skip
+                O_d, lse_d = decode_attention(
+                    qc, kc, vc, causal=causal_br, scale=self.scale, return_lse=True
+                )
                 Oc[...], lsec[...] = O_d, lse_d
             elif self.G != 1:
                 from ._launch import launch_grouped
 
-                launch_grouped(self.ver, qc, kc, vc, Oc, lsec, G=self.G, causal=self.causal,
-                               scale=self.scale)  # fmt: skip
+                launch_grouped(
+                    self.ver, qc, kc, vc, Oc, lsec, G=self.G, causal=self.causal, scale=self.scale
+                )
             else:
                 from ._launch import launch
 

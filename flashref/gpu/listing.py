@@ -47,13 +47,15 @@ def _read(path) -> list[str]:
 def section(path, heading: str) -> str:
     """The section of header ``path`` whose ``// ---- `` line starts with ``heading``."""
     lines = _read(path)
-    start = next((i for i, line in enumerate(lines)
-                  if line.startswith(f"{SECTION} {heading}")), None)  # fmt: skip
+    start = next(
+        (i for i, line in enumerate(lines) if line.startswith(f"{SECTION} {heading}")), None
+    )
     if start is None:
         found = [line[len(SECTION) :].strip(" -") for line in lines if line.startswith(SECTION)]
         raise ValueError(f"no section {heading!r} in {path}; its sections: {found}")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(SECTION)),
-               len(lines))  # fmt: skip
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith(SECTION)), len(lines)
+    )
     body = lines[start:end]
     while body and not body[-1].strip():
         body.pop()
@@ -65,9 +67,16 @@ def function(path, name: str) -> str:
     right above it to its closing brace."""
     lines = _read(path)
     pattern = re.compile(rf"\b{re.escape(name)}\s*\(")
-    start = next((i for i, line in enumerate(lines)
-                  if pattern.search(line) and not line.lstrip().startswith("//")
-                  and not line.rstrip().endswith(";")), None)  # fmt: skip
+    start = next(
+        (
+            i
+            for i, line in enumerate(lines)
+            if pattern.search(line)
+            and not line.lstrip().startswith("//")
+            and not line.rstrip().endswith(";")
+        ),
+        None,
+    )
     if start is None:
         raise ValueError(f"no function {name!r} in {path}")
     first = start

@@ -48,8 +48,9 @@ def tensor_map_at(ptr: int, rows: int, cols: int, dtype: str, box_rows, box_cols
     return _encode(ptr, rows, cols, cols * size, dtype, box_rows, box_cols)
 
 
-def _encode(ptr: int, rows: int, cols: int, row_bytes: int, dtype: str, box_rows: int,
-            box_cols: int) -> bytes:  # fmt: skip
+def _encode(
+    ptr: int, rows: int, cols: int, row_bytes: int, dtype: str, box_rows: int, box_cols: int
+) -> bytes:
     """The driver's ``cuTensorMapEncodeTiled`` (``flashref.gpu._driver``: through ctypes, a
     microsecond or two a descriptor, where ``cuda.bindings``' wrapper objects cost tens)."""
 

@@ -52,8 +52,9 @@ class BackwardGrid(NamedTuple):
         return [(i, j) for j, walk in enumerate(self.walks) for i in walk]
 
 
-def backward_grid(Nq: int, Nk: int, Bc: int, Br: int, causal: bool = False,
-                  slices: int = 1, atomic: bool = True) -> BackwardGrid:  # fmt: skip
+def backward_grid(
+    Nq: int, Nk: int, Bc: int, Br: int, causal: bool = False, slices: int = 1, atomic: bool = True
+) -> BackwardGrid:
     """The walk of each block over the query tiles, and the additions into each ``dQ_i``.
 
     ``slices``: shares of ``Bc / slices`` keys in which a block adds its part of ``dQ_i``
@@ -86,8 +87,13 @@ def tiles_grid(tiles: BackwardTiles, Nq: int, Nk: int, causal: bool = False) -> 
     return backward_grid(Nq, Nk, tiles.Bc, tiles.Br, causal, tiles.slices, tiles.atomic)
 
 
-def draw_backward_grid(tiles: BackwardTiles, Nq: int = 512, Nk: int | None = None,
-                       causal: bool = True, block: int | None = None):  # fmt: skip
+def draw_backward_grid(
+    tiles: BackwardTiles,
+    Nq: int = 512,
+    Nk: int | None = None,
+    causal: bool = True,
+    block: int | None = None,
+):
     """The tile plane of one backward version (``tiles``): a column per thread block (key
     tile j), a row per query tile i. Block ``block``'s walk is numbered; its K_j, V_j come in
     once (top), its dK_j, dV_j go out once (bottom), and each visit adds into dQ_i (right:
@@ -115,16 +121,23 @@ def draw_backward_grid(tiles: BackwardTiles, Nq: int = 512, Nk: int | None = Non
         kw = {"edgecolor": "white", "lw": 1, **kw}
         ax.add_patch(Rectangle((x, y), wd, ht, facecolor=colour, **kw))
         if text:
-            ax.text(x + wd / 2, y + ht / 2, text, ha="center", va="center", fontsize=fs,
-                    color=tc)  # fmt: skip
+            ax.text(x + wd / 2, y + ht / 2, text, ha="center", va="center", fontsize=fs, color=tc)
 
     skipped = {"facecolor": "white", "edgecolor": "#bdbdbd", "hatch": "///", "lw": 0.5}
     for j in range(g.Tc):
         x, mine = x0 + j * w, j == block
         colour, tc = (dark, "white") if mine else (light, "black")
         box(x, -1.05, w, 0.85, colour, f"K{j} V{j}", 8.5, tc)
-        box(x, g.Tr + 0.2, w, 0.85, colour, f"dK{j} dV{j}" if w > 1 else f"dK{j}\ndV{j}",
-            8 if w <= 1 else 8.5, tc)  # fmt: skip
+        box(
+            x,
+            g.Tr + 0.2,
+            w,
+            0.85,
+            colour,
+            f"dK{j} dV{j}" if w > 1 else f"dK{j}\ndV{j}",
+            8 if w <= 1 else 8.5,
+            tc,
+        )
         visits = dict(zip(g.walks[j], g.adding[j], strict=True))
         for i in range(g.Tr):
             if i not in visits:
@@ -134,30 +147,69 @@ def draw_backward_grid(tiles: BackwardTiles, Nq: int = 512, Nk: int | None = Non
                 faded = atomic and s >= visits[i]
                 box(x + s * w / slices, i, w / slices, 1, colour, alpha=0.3 if faded else 1)
             if mine:
-                ax.text(x + w / 2, i + 0.5, str(i - g.walks[j].start + 1), ha="center",
-                        va="center", fontsize=10, color="white", fontweight="bold")  # fmt: skip
+                ax.text(
+                    x + w / 2,
+                    i + 0.5,
+                    str(i - g.walks[j].start + 1),
+                    ha="center",
+                    va="center",
+                    fontsize=10,
+                    color="white",
+                    fontweight="bold",
+                )
     most = max(g.adds) or 1
     for i in range(g.Tr):  # dQ_i and the additions into each of its elements
         shade = 0.15 + 0.6 * g.adds[i] / most if atomic else 0.0
         colour = plt.get_cmap("Reds")(shade) if atomic else light
-        box(xq, i, dq_w, 1, colour, f"dQ{i} +{g.adds[i]}" if atomic else f"dQ{i}", 9,
-            "white" if shade > 0.55 else "black")  # fmt: skip
+        box(
+            xq,
+            i,
+            dq_w,
+            1,
+            colour,
+            f"dQ{i} +{g.adds[i]}" if atomic else f"dQ{i}",
+            9,
+            "white" if shade > 0.55 else "black",
+        )
         ax.text(x0 - 0.12, i + 0.5, f"Q{i} dO{i}", ha="right", va="center", fontsize=9)
     if atomic:
         for i in g.walks[block]:  # the block's shares of dQ
-            ax.annotate("", xy=(xq - 0.04, i + 0.5), xytext=(x0 + (block + 1) * w, i + 0.5),
-                        arrowprops={"arrowstyle": "->", "color": red, "lw": 1.1,
-                                    "shrinkA": 0, "shrinkB": 0})  # fmt: skip
+            ax.annotate(
+                "",
+                xy=(xq - 0.04, i + 0.5),
+                xytext=(x0 + (block + 1) * w, i + 0.5),
+                arrowprops={
+                    "arrowstyle": "->",
+                    "color": red,
+                    "lw": 1.1,
+                    "shrinkA": 0,
+                    "shrinkB": 0,
+                },
+            )
     ax.text(x0 - 0.12, -0.62, "loaded once", ha="right", va="center", fontsize=9)
     ax.text(x0 - 0.12, g.Tr + 0.62, "written once", ha="right", va="center", fontsize=9)
-    ax.text(xq + dq_w / 2, -0.62, "dQacc (fp32)" if atomic else "dQ", ha="center",
-            va="center", fontsize=9)  # fmt: skip
+    ax.text(
+        xq + dq_w / 2,
+        -0.62,
+        "dQacc (fp32)" if atomic else "dQ",
+        ha="center",
+        va="center",
+        fontsize=9,
+    )
     mask = ", causal" if causal else ""
-    ax.text(xl, -0.62, f"version {number}: Bc = {ver.Bc}, Br = {ver.Br}\nNq = {Nq},"
-            f" Nk = {Nk}{mask}", va="center", fontsize=8.5, linespacing=1.1)  # fmt: skip
+    ax.text(
+        xl,
+        -0.62,
+        f"version {number}: Bc = {ver.Bc}, Br = {ver.Br}\nNq = {Nq}, Nk = {Nk}{mask}",
+        va="center",
+        fontsize=8.5,
+        linespacing=1.1,
+    )
     # the key, beside the dQ column
-    key = [(dark, f"block {block}'s walk:\nQ_i, dO_i, lse_i, D_i in"),
-           (light, "another block's visit")]  # fmt: skip
+    key = [
+        (dark, f"block {block}'s walk:\nQ_i, dO_i, lse_i, D_i in"),
+        (light, "another block's visit"),
+    ]
     if causal:
         key.append((None, "skipped: every query\nprecedes every key"))
     if atomic:
@@ -168,11 +220,22 @@ def draw_backward_grid(tiles: BackwardTiles, Nq: int = 512, Nk: int | None = Non
     for k, (what, text) in enumerate(key):
         y = 0.1 + k * (g.Tr - 0.2) / len(key)
         if what == "arrow":
-            ax.annotate("", xy=(xl + 0.7, y + 0.4), xytext=(xl, y + 0.4),
-                        arrowprops={"arrowstyle": "->", "color": red, "lw": 1.1})  # fmt: skip
+            ax.annotate(
+                "",
+                xy=(xl + 0.7, y + 0.4),
+                xytext=(xl, y + 0.4),
+                arrowprops={"arrowstyle": "->", "color": red, "lw": 1.1},
+            )
         elif what in ("+n", "pass"):
-            ax.text(xl + 0.35, y + 0.4, "+n" if what == "+n" else "dQ", ha="center",
-                    va="center", fontsize=9, color=red)  # fmt: skip
+            ax.text(
+                xl + 0.35,
+                y + 0.4,
+                "+n" if what == "+n" else "dQ",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color=red,
+            )
         elif what is None:
             ax.add_patch(Rectangle((xl, y), 0.7, 0.8, **skipped))
         else:

@@ -46,8 +46,9 @@ def _box(ax, x, y, w, h, colour, text="", fs=9, **kw):
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fs)
 
 
-def draw_decode_kernel(G: int = 4, Nq: int = 1, B: int = 2, Hkv: int = 2, S: int = 3,
-                       L: int = 1000):  # fmt: skip
+def draw_decode_kernel(
+    G: int = 4, Nq: int = 1, B: int = 2, Hkv: int = 2, S: int = 3, L: int = 1000
+):
     """Top: one split block, its ``ROWS`` packed rows of Q (one colour per query head, grey
     zeros past ``G Nq``) against a 64-key tile of K, S = Q K^T cut into the four consumer
     warps' 16 keys each. Bottom: the grid, a block per (sequence, K/V head, split) over
@@ -68,22 +69,49 @@ def draw_decode_kernel(G: int = 4, Nq: int = 1, B: int = 2, Hkv: int = 2, S: int
         label = f"head {who[0]}" + (f", q{who[1]}" if Nq > 1 else "") if who else "zeros"
         _box(top, qx, y, 3.2, 1, colour, f"row {R}: {label}", fs=7.5)
         for w in range(WARPS):
-            _box(top, sx + w * 16 * unit, y, 16 * unit, 1, colour if who else "0.93",
-                 alpha=0.35 + 0.15 * w if who else 1.0)  # fmt: skip
+            _box(
+                top,
+                sx + w * 16 * unit,
+                y,
+                16 * unit,
+                1,
+                colour if who else "0.93",
+                alpha=0.35 + 0.15 * w if who else 1.0,
+            )
     for w in range(WARPS):
-        top.text(sx + (w + 0.5) * 16 * unit, ROWS + 0.4, f"warp {w}\nkeys {16 * w}-{16 * w + 15}",
-                 ha="center", va="bottom", fontsize=8)  # fmt: skip
-    top.text(qx + 1.6, ROWS + 0.4, f"Q: the {G} query heads\nof one K/V head", ha="center",
-             va="bottom", fontsize=9)  # fmt: skip
+        top.text(
+            sx + (w + 0.5) * 16 * unit,
+            ROWS + 0.4,
+            f"warp {w}\nkeys {16 * w}-{16 * w + 15}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    top.text(
+        qx + 1.6,
+        ROWS + 0.4,
+        f"Q: the {G} query heads\nof one K/V head",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+    )
     top.text(4.2, ROWS / 2, "x K$^T$\n=", ha="center", va="center", fontsize=12)
-    top.text(sx + 3.2, -1.2, f"S = Q K$^T$: {ROWS} rows x {BC} keys of one tile, one mma "
-             "m16n8k16 row block;\nthe producer warp's TMA brings the tile, each warp "
-             "computes its 16 keys,\nsoftmax and P V on its fragments, then the warps merge",
-             ha="center", va="top", fontsize=9)  # fmt: skip
+    top.text(
+        sx + 3.2,
+        -1.2,
+        f"S = Q K$^T$: {ROWS} rows x {BC} keys of one tile, one mma "
+        "m16n8k16 row block;\nthe producer warp's TMA brings the tile, each warp "
+        "computes its 16 keys,\nsoftmax and P V on its fragments, then the warps merge",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
     top.set_xlim(-0.2, 11.8)
     top.set_ylim(-4.4, ROWS + 2.4)
-    top.set_title(f"One split block: G = {G} heads x Nq = {Nq} packed into the {ROWS} rows "
-                  "of an mma tile", fontsize=11)  # fmt: skip
+    top.set_title(
+        f"One split block: G = {G} heads x Nq = {Nq} packed into the {ROWS} rows of an mma tile",
+        fontsize=11,
+    )
     # -- the grid and the merge
     keys = split_keys(L, S)
     bw, bh, gap = 1.9, 0.8, 0.25
@@ -92,21 +120,45 @@ def draw_decode_kernel(G: int = 4, Nq: int = 1, B: int = 2, Hkv: int = 2, S: int
         for h in range(Hkv):
             y = (B * Hkv - 1 - (b * Hkv + h)) * (bh + gap)
             row_y[b, h] = y
-            bottom.text(-0.15, y + bh / 2, f"seq {b}, K/V head {h}", ha="right", va="center",
-                        fontsize=8.5)  # fmt: skip
+            bottom.text(
+                -0.15, y + bh / 2, f"seq {b}, K/V head {h}", ha="right", va="center", fontsize=8.5
+            )
             for s in range(S):
-                _box(bottom, s * (bw + 0.1), y, bw, bh, heads[s + 4],
-                     f"split {s}\nkeys {keys[s].start}-{keys[s].stop - 1}", fs=7.5)  # fmt: skip
+                _box(
+                    bottom,
+                    s * (bw + 0.1),
+                    y,
+                    bw,
+                    bh,
+                    heads[s + 4],
+                    f"split {s}\nkeys {keys[s].start}-{keys[s].stop - 1}",
+                    fs=7.5,
+                )
             mx = S * (bw + 0.1) + 1.3
-            bottom.annotate("", (mx, y + bh / 2), (S * (bw + 0.1) - 0.05, y + bh / 2),
-                            arrowprops={"arrowstyle": "-|>", "color": "0.35"})  # fmt: skip
+            bottom.annotate(
+                "",
+                (mx, y + bh / 2),
+                (S * (bw + 0.1) - 0.05, y + bh / 2),
+                arrowprops={"arrowstyle": "-|>", "color": "0.35"},
+            )
             _box(bottom, mx, y, 2.4, bh, "0.92", f"merge: O, lse of\n{G} heads x {Nq}", fs=7.5)
     top_y = B * Hkv * (bh + gap)
-    bottom.text(S * (bw + 0.1) / 2, top_y + 0.1, f"grid: B x Hkv x S = {B} x {Hkv} x {S} = "
-                f"{B * Hkv * S} blocks", ha="center", va="bottom", fontsize=9)  # fmt: skip
-    bottom.text(S * (bw + 0.1) + 2.5, top_y + 0.1, "partials (O_s, lse_s) merged:\n"
-                "the combine kernel (chapter 2's merge)", ha="center", va="bottom",
-                fontsize=8.5)  # fmt: skip
+    bottom.text(
+        S * (bw + 0.1) / 2,
+        top_y + 0.1,
+        f"grid: B x Hkv x S = {B} x {Hkv} x {S} = {B * Hkv * S} blocks",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+    )
+    bottom.text(
+        S * (bw + 0.1) + 2.5,
+        top_y + 0.1,
+        "partials (O_s, lse_s) merged:\nthe combine kernel (chapter 2's merge)",
+        ha="center",
+        va="bottom",
+        fontsize=8.5,
+    )
     bottom.set_xlim(-2.4, S * (bw + 0.1) + 4.0)
     bottom.set_ylim(-0.4, top_y + 1.0)
     fig.tight_layout()
@@ -126,15 +178,29 @@ def draw_serving_step():
     host_y, dev_y, h = 2.3, 0.4, 1.2
     x, launches = 0.0, []
     for t in ("t", "t+1"):
-        _box(ax, x, host_y, 2.3, h, "tab:olive", f"prepare_step\n(token {t}):\npages, lengths",
-             fs=7.5, alpha=0.55)  # fmt: skip
+        _box(
+            ax,
+            x,
+            host_y,
+            2.3,
+            h,
+            "tab:olive",
+            f"prepare_step\n(token {t}):\npages, lengths",
+            fs=7.5,
+            alpha=0.55,
+        )
         _box(ax, x + 2.3, host_y, 1.3, h, "0.75", "replay()", fs=7.5)
         launches.append(x + 2.95)
         x += 3.8
-    device = [("advance", 1.3, "tab:purple"), ("layer 0:\nq, k, v", 1.2, "tab:blue"),
-              ("append", 1.2, "tab:orange"), ("paged\nattention", 1.4, "tab:red"),
-              ("MLP", 0.9, "tab:blue"), ("layers\n1 .. L-1", 1.5, "0.85"),
-              ("argmax:\ntoken t+1", 1.5, "tab:green")]  # fmt: skip
+    device = [
+        ("advance", 1.3, "tab:purple"),
+        ("layer 0:\nq, k, v", 1.2, "tab:blue"),
+        ("append", 1.2, "tab:orange"),
+        ("paged\nattention", 1.4, "tab:red"),
+        ("MLP", 0.9, "tab:blue"),
+        ("layers\n1 .. L-1", 1.5, "0.85"),
+        ("argmax:\ntoken t+1", 1.5, "tab:green"),
+    ]
     dx = launches[0] + 0.6
     start = [dx]
     for label, w, colour in device:
@@ -143,13 +209,24 @@ def draw_serving_step():
     start.append(dx)
     _box(ax, dx, dev_y, 1.6, h, "0.95", "step t+1\n...", fs=7.5)
     for launch, begin in zip(launches, start, strict=True):
-        ax.annotate("", (begin + 0.1, dev_y + h), (launch, host_y),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.35"})  # fmt: skip
+        ax.annotate(
+            "",
+            (begin + 0.1, dev_y + h),
+            (launch, host_y),
+            arrowprops={"arrowstyle": "-|>", "color": "0.35"},
+        )
     ax.text(-0.2, host_y + h / 2, "host", ha="right", va="center", fontsize=10)
     ax.text(-0.2, dev_y + h / 2, "GPU", ha="right", va="center", fontsize=10)
-    ax.text(dx + 1.6, -0.15, "schematic: widths are not durations. No copy and no "
-            "synchronisation\nbetween host and GPU inside the loop: the host runs ahead",
-            ha="right", va="top", fontsize=8.5, style="italic")  # fmt: skip
+    ax.text(
+        dx + 1.6,
+        -0.15,
+        "schematic: widths are not durations. No copy and no "
+        "synchronisation\nbetween host and GPU inside the loop: the host runs ahead",
+        ha="right",
+        va="top",
+        fontsize=8.5,
+        style="italic",
+    )
     ax.set_xlim(-1.0, dx + 1.7)
     ax.set_ylim(-1.1, host_y + h + 0.3)
     ax.set_title("A decode step replayed from a CUDA graph: host and GPU", fontsize=11)

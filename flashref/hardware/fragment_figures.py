@@ -55,8 +55,15 @@ def _grid(ax, lane_of, labels, x0: float, fontsize: float, col0: int = 0) -> Non
     rows, cols = lane_of.shape
     for (r, c), lane in np.ndenumerate(lane_of):
         ax.add_patch(Rectangle((x0 + c, r), 1, 1, facecolor=colours[lane], edgecolor="white"))
-        ax.text(x0 + c + 0.5, r + 0.5, labels[r, c], ha="center", va="center",
-                fontsize=fontsize, linespacing=1.1)  # fmt: skip
+        ax.text(
+            x0 + c + 0.5,
+            r + 0.5,
+            labels[r, c],
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            linespacing=1.1,
+        )
     for r in range(0, rows + 1, 8):
         ax.plot([x0, x0 + cols], [r, r], color="black", lw=1.5)
     for c in range(0, cols + 1, 8):
@@ -123,8 +130,15 @@ def draw_load(name: str):
     for lane in range(WARP_SIZE):
         row, col = load.address(lane)
         x0 = gap + (col // 8) * (8 + gap)
-        ax.text(x0 - 0.15, row + 0.5, f"T{lane}\u2192", ha="right", va="center",
-                fontsize=fs, fontweight="bold")  # fmt: skip
+        ax.text(
+            x0 - 0.15,
+            row + 0.5,
+            f"T{lane}\u2192",
+            ha="right",
+            va="center",
+            fontsize=fs,
+            fontweight="bold",
+        )
     instr = "ldmatrix.x4.trans" if load.trans else "ldmatrix.x4"
     ax.text(0.1, -1.2, f"{load.role}: {instr}", fontsize=fs * 1.4, va="bottom")
     return fig

@@ -254,25 +254,41 @@ class KernelLoad:
 
 KERNEL_LOADS = {
     "Q": KernelLoad(
-        name="Q", role="Q_i (queries x d), the A operand of S = Q_i K_j^T",
+        name="Q",
+        role="Q_i (queries x d), the A operand of S = Q_i K_j^T",
         source="Qs + (row0 + lane % 16) * LDS + k0 + (lane / 16) * 8",
-        address=q_address, trans=False, operand="A", rows_are_n=False,
+        address=q_address,
+        trans=False,
+        operand="A",
+        rows_are_n=False,
         registers=("a0", "a1", "a2", "a3"),
     ),
     "K": KernelLoad(
-        name="K", role="K_j (keys x d), the B operand of S = Q_i K_j^T",
+        name="K",
+        role="K_j (keys x d), the B operand of S = Q_i K_j^T",
         source="Ks + (j * 8 + (lane % 8) + (lane / 16) * 8) * LDS + k0 + ((lane / 8) % 2) * 8",
-        address=k_address, trans=False, operand="B", rows_are_n=True,
-        registers=("b0 of key tile j", "b1 of key tile j",
-                   "b0 of key tile j+1", "b1 of key tile j+1"),
+        address=k_address,
+        trans=False,
+        operand="B",
+        rows_are_n=True,
+        registers=(
+            "b0 of key tile j",
+            "b1 of key tile j",
+            "b0 of key tile j+1",
+            "b1 of key tile j+1",
+        ),
     ),
     "V": KernelLoad(
-        name="V", role="V_j (keys x d), the B operand of O += P V_j",
+        name="V",
+        role="V_j (keys x d), the B operand of O += P V_j",
         source="Vs + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LDS + n * 8 + (lane / 16) * 8",
-        address=v_address, trans=True, operand="B", rows_are_n=False,
+        address=v_address,
+        trans=True,
+        operand="B",
+        rows_are_n=False,
         registers=("b0 of d tile n", "b1 of d tile n", "b0 of d tile n+1", "b1 of d tile n+1"),
     ),
-}  # fmt: skip
+}
 
 
 def kernel_load(name) -> KernelLoad:

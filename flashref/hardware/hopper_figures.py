@@ -46,8 +46,9 @@ def _cell(ax, x, y, colour, text, fs, size=1.0):
 
     ax.add_patch(Rectangle((x, y), size, size, facecolor=colour, edgecolor="white", lw=0.5))
     if text:
-        ax.text(x + size / 2, y + size / 2, text, ha="center", va="center", fontsize=fs,
-                linespacing=1.1)  # fmt: skip
+        ax.text(
+            x + size / 2, y + size / 2, text, ha="center", va="center", fontsize=fs, linespacing=1.1
+        )
 
 
 def draw_swizzle(rows: int = 8, swizzle: int = 128):
@@ -101,22 +102,32 @@ def draw_accumulators(n: int = 64, warp: int = 0):
 
     fig = plt.figure(figsize=(WIDTH_IN, 4.4), dpi=DPI)
     left = fig.add_axes((0.01, 0.05, 0.37, 0.80))
-    left.imshow([[colour(t) for t in row] for row in owner[:, :cols]],
-                extent=(0, cols, 64, 0), interpolation="nearest", aspect="auto")  # fmt: skip
+    left.imshow(
+        [[colour(t) for t in row] for row in owner[:, :cols]],
+        extent=(0, cols, 64, 0),
+        interpolation="nearest",
+        aspect="auto",
+    )
     for c in range(8, cols, 8):  # the 8-column blocks of the mma.sync C layout
         left.plot([c, c], [0, 64], color="white", lw=0.8)
     for r in (16, 32, 48):
         left.plot([0, cols], [r, r], color="black", lw=1)
     for w in range(4):
-        left.text(cols + 1.5, 16 * w + 8, f"warp {w}\nrows {16 * w}-{16 * w + 15}",
-                  va="center", fontsize=9.5)  # fmt: skip
+        left.text(
+            cols + 1.5,
+            16 * w + 8,
+            f"warp {w}\nrows {16 * w}-{16 * w + 15}",
+            va="center",
+            fontsize=9.5,
+        )
     left.add_patch(Rectangle((0, 16 * warp), 8, 16, fill=False, edgecolor="black", lw=2))
     left.set_xlim(0, cols * 1.42)
     left.set_ylim(64, 0)
     left.axis("off")
     more = f" (of {n})" if n > cols else ""
-    left.set_title(f"m64n{n}k16 accumulator: 64 rows,\ncolumns 0-{cols - 1}{more}",
-                   fontsize=10.5, loc="left")  # fmt: skip
+    left.set_title(
+        f"m64n{n}k16 accumulator: 64 rows,\ncolumns 0-{cols - 1}{more}", fontsize=10.5, loc="left"
+    )
 
     right = fig.add_axes((0.45, 0.16, 0.545, 0.71))
     rows = range(16 * warp, 16 * warp + 16)
@@ -124,8 +135,7 @@ def draw_accumulators(n: int = 64, warp: int = 0):
         for c in range(8):
             t = owner[r, c]
             right.add_patch(Rectangle((c, y), 1, 1, facecolor=colour(t), edgecolor="white"))
-            right.text(c + 0.5, y + 0.5, f"T{t} d{reg[r, c]}", ha="center", va="center",
-                       fontsize=9)  # fmt: skip
+            right.text(c + 0.5, y + 0.5, f"T{t} d{reg[r, c]}", ha="center", va="center", fontsize=9)
     right.plot([0, 8], [8, 8], color="black", lw=1.5)  # rows g above, rows g + 8 below
     for y in (0, 8):
         right.text(-0.1, y + 0.5, f"row {rows[y]}", ha="right", va="center", fontsize=9)
@@ -133,19 +143,36 @@ def draw_accumulators(n: int = 64, warp: int = 0):
     right.set_xlim(0, 8)
     right.set_ylim(16, 0)
     right.axis("off")
-    right.set_title(f"warp {warp}: rows {rows[0]}-{rows[-1]}, columns 0-7", fontsize=10.5,
-                    loc="left")  # fmt: skip
+    right.set_title(
+        f"warp {warp}: rows {rows[0]}-{rows[-1]}, columns 0-7", fontsize=10.5, loc="left"
+    )
     # the next 8 columns: the same threads, each register index 4 higher (from the map)
     step = {int(reg[r, c + 8] - reg[r, c]) for r in rows for c in range(8)}
     same = all(owner[r, c + 8] == owner[r, c] for r in rows for c in range(8))
     if same and len(step) == 1:
         k = step.pop()
-        right.text(0, 16.6, f"columns 8-15: the same threads, registers d{k}-d{k + 3};\n"
-                   f"columns 8j to 8j + 7: d{k}j to d{k}j + 3", va="top", fontsize=9.5,
-                   linespacing=1.3)  # fmt: skip
+        right.text(
+            0,
+            16.6,
+            f"columns 8-15: the same threads, registers d{k}-d{k + 3};\n"
+            f"columns 8j to 8j + 7: d{k}j to d{k}j + 3",
+            va="top",
+            fontsize=9.5,
+            linespacing=1.3,
+        )
     for y in (16 * warp, 16 * warp + 16):  # join the box on the left to the panel
-        fig.add_artist(ConnectionPatch((8, y), (0, y - 16 * warp), "data", "data",
-                                       axesA=left, axesB=right, color="0.4", lw=0.8))  # fmt: skip
+        fig.add_artist(
+            ConnectionPatch(
+                (8, y),
+                (0, y - 16 * warp),
+                "data",
+                "data",
+                axesA=left,
+                axesB=right,
+                color="0.4",
+                lw=0.8,
+            )
+        )
     return fig
 
 
@@ -201,8 +228,16 @@ def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stage
             fill = {"facecolor": BOX_COLOURS[kind], "edgecolor": "black", "lw": 0.5}
             ax.add_patch(Rectangle((col + 0.04, cw + 0.06), 0.92, 0.88, **fill))
             colour = "white" if kind == "gemm" else "black"
-            ax.text(col + 0.5, cw + 0.5, _box_text(kind, op), ha="center", va="center",
-                    fontsize=fs, color=colour, linespacing=1.0)  # fmt: skip
+            ax.text(
+                col + 0.5,
+                cw + 0.5,
+                _box_text(kind, op),
+                ha="center",
+                va="center",
+                fontsize=fs,
+                color=colour,
+                linespacing=1.0,
+            )
         for cw in (0, 1):
             ax.text(-0.2, cw + 0.5, f"warpgroup {cw}", ha="right", va="center", fontsize=10)
         ax.set_title(title, fontsize=10.5, loc="left")
@@ -216,12 +251,22 @@ def draw_pingpong(n_tiles: int = 3, n_mine: tuple[int, int] | None = None, stage
         "empty": "empty turn: a tile past its rows (causal), handed on",
     }
     shown = {b[2] for bs in boxes for b in bs}
-    handles = [Patch(facecolor=BOX_COLOURS[k], edgecolor="black", lw=0.5, label=text)
-               for k, text in legend.items() if k in shown]  # fmt: skip
-    fig.legend(handles=handles, loc="lower left", fontsize=9, ncol=1, frameon=False,
-               bbox_to_anchor=(0.0, 0.0))  # fmt: skip
-    fig.text(0.98, 0.02, "steps of the model: order of events, not time \u2192", ha="right",
-             fontsize=10)  # fmt: skip
+    handles = [
+        Patch(facecolor=BOX_COLOURS[k], edgecolor="black", lw=0.5, label=text)
+        for k, text in legend.items()
+        if k in shown
+    ]
+    fig.legend(
+        handles=handles,
+        loc="lower left",
+        fontsize=9,
+        ncol=1,
+        frameon=False,
+        bbox_to_anchor=(0.0, 0.0),
+    )
+    fig.text(
+        0.98, 0.02, "steps of the model: order of events, not time \u2192", ha="right", fontsize=10
+    )
     fig.tight_layout(rect=(0, (0.1 + 0.24 * len(handles)) / height, 1, 1))
     return fig
 
@@ -287,11 +332,26 @@ def draw_overlap(n_tiles: int = 4, t_qk: float = 1.0, t_pv: float = 1.0, t_softm
     for ax, (title, _), bs in zip(axes, panels, timelines, strict=True):
         for lane, t0, t1, label in bs:
             y = 0 if lane == "tensor" else 1
-            ax.add_patch(Rectangle((t0, y + 0.1), t1 - t0, 0.8, facecolor=colours[label[0]],
-                                   edgecolor="black", lw=0.5))  # fmt: skip
+            ax.add_patch(
+                Rectangle(
+                    (t0, y + 0.1),
+                    t1 - t0,
+                    0.8,
+                    facecolor=colours[label[0]],
+                    edgecolor="black",
+                    lw=0.5,
+                )
+            )
             text = label.replace("softmax ", "sm ") if t1 - t0 < 1.2 else label
-            ax.text((t0 + t1) / 2, y + 0.5, text, ha="center", va="center", fontsize=9,
-                    color="white" if label[0] in "SP" else "black")  # fmt: skip
+            ax.text(
+                (t0 + t1) / 2,
+                y + 0.5,
+                text,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white" if label[0] in "SP" else "black",
+            )
         ax.set_yticks([0.5, 1.5], ["tensor cores", "warps: softmax"], fontsize=9)
         ax.set_ylim(2, 0)
         ax.set_xlim(0, end * 1.01)
@@ -301,10 +361,14 @@ def draw_overlap(n_tiles: int = 4, t_qk: float = 1.0, t_pv: float = 1.0, t_softm
             ax.spines[side].set_visible(False)
     axes[1].set_xlabel(
         f"schematic time: S and P V take {t_qk:g} and {t_pv:g} units, a softmax "
-        f"{t_softmax:g} (not measured)", fontsize=9)  # fmt: skip
-    handles = [Patch(facecolor=colours["S"], label="$S_j = Q K_j^T$"),
-               Patch(facecolor=colours["P"], label="$O$ += $P_j V_j$"),
-               Patch(facecolor=colours["s"], label="softmax of $S_j$")]  # fmt: skip
+        f"{t_softmax:g} (not measured)",
+        fontsize=9,
+    )
+    handles = [
+        Patch(facecolor=colours["S"], label="$S_j = Q K_j^T$"),
+        Patch(facecolor=colours["P"], label="$O$ += $P_j V_j$"),
+        Patch(facecolor=colours["s"], label="softmax of $S_j$"),
+    ]
     fig.legend(handles=handles, loc="upper right", ncol=3, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
@@ -346,8 +410,10 @@ def ring_boxes(n_tiles: int = 6, stages: int = 3, program=None) -> list[tuple]:
         if b[0] == "producer":
             merged.setdefault(b[1], []).append(b[3].split()[1])
     others = [b for b in boxes if b[0] != "producer"]
-    copies = [("producer", c, c, "copy " + (js[0] if len(js) == 1 else f"{js[0]}-{js[-1]}"))
-              for c, js in merged.items()]  # fmt: skip
+    copies = [
+        ("producer", c, c, "copy " + (js[0] if len(js) == 1 else f"{js[0]}-{js[-1]}"))
+        for c, js in merged.items()
+    ]
     return copies + others
 
 
@@ -368,11 +434,27 @@ def draw_ring(n_tiles: int = 6, stages: int = 3):
             colour = palette[int(label.split()[1]) % 10]
         else:
             colour = {"c": "#c7c7c7", "s": "#ff7f0e"}.get(label[0], "#1f77b4")
-        ax.add_patch(Rectangle((c0 + 0.04, y + 0.08), c1 - c0 + 0.92, 0.84, facecolor=colour,
-                               edgecolor="black", lw=0.5, alpha=0.85))  # fmt: skip
+        ax.add_patch(
+            Rectangle(
+                (c0 + 0.04, y + 0.08),
+                c1 - c0 + 0.92,
+                0.84,
+                facecolor=colour,
+                edgecolor="black",
+                lw=0.5,
+                alpha=0.85,
+            )
+        )
         text = label.replace("softmax ", "sm\n").replace(" PV", "\nPV").replace("copy ", "copy\n")
-        ax.text((c0 + c1 + 1) / 2, y + 0.5, text, ha="center", va="center", fontsize=7.5,
-                linespacing=1.0)  # fmt: skip
+        ax.text(
+            (c0 + c1 + 1) / 2,
+            y + 0.5,
+            text,
+            ha="center",
+            va="center",
+            fontsize=7.5,
+            linespacing=1.0,
+        )
     ax.set_yticks([y + 0.5 for y in range(len(rows))], rows, fontsize=9)
     ax.set_xticks([])
     ax.set_xlim(0, cols)
@@ -380,7 +462,11 @@ def draw_ring(n_tiles: int = 6, stages: int = 3):
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.set_xlabel("steps of the model: the order of events, not time \u2192", fontsize=9)
-    ax.set_title(f"{n_tiles} K/V tiles through a ring of {stages} stages (version 21's "
-                 "consumers; sm = softmax)", fontsize=10, loc="left")  # fmt: skip
+    ax.set_title(
+        f"{n_tiles} K/V tiles through a ring of {stages} stages (version 21's "
+        "consumers; sm = softmax)",
+        fontsize=10,
+        loc="left",
+    )
     fig.tight_layout()
     return fig

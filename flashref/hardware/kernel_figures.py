@@ -56,21 +56,44 @@ def draw_warp_split(d: int = 64):
     fig, axes = plt.subplots(1, 4, figsize=(WIDTH_IN, 2.9), dpi=DPI)
     for ax, (version, step, what) in zip(axes, panels, strict=True):
         owner = ws.owners(version, step, d)  # (64, 64) or (64, d)
-        ax.imshow(owner, cmap=ListedColormap(colours), vmin=-0.5, vmax=7.5,
-                  interpolation="nearest", aspect="auto")  # fmt: skip
-        title = f"v{version}, step {step}: {ws.STEPS[step]}" if version == 2 else (
-            f"v{version}: every step")  # fmt: skip
+        ax.imshow(
+            owner,
+            cmap=ListedColormap(colours),
+            vmin=-0.5,
+            vmax=7.5,
+            interpolation="nearest",
+            aspect="auto",
+        )
+        title = (
+            f"v{version}, step {step}: {ws.STEPS[step]}"
+            if version == 2
+            else (f"v{version}: every step")
+        )
         ax.set_title(title, fontsize=9)
         ax.set_xticks([0, owner.shape[1] - 1])
         ax.set_yticks([0, 16, 32, 48, 63])
         ax.tick_params(labelsize=8, length=2)
         ax.set_xlabel(f"{what} columns" if version == 2 else "S or O columns", fontsize=8)
-        ax.text(0.5, -0.3, f"warp 0: {_row_runs(ws.rows_of(owner, 0))}",
-                transform=ax.transAxes, ha="center", va="top", fontsize=8)  # fmt: skip
+        ax.text(
+            0.5,
+            -0.3,
+            f"warp 0: {_row_runs(ws.rows_of(owner, 0))}",
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
     axes[0].set_ylabel("query row of the tile", fontsize=8)
     handles = [Patch(color=colours[w], label=f"warp {w}") for w in range(8)]
-    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=8, frameon=False,
-               handlelength=1.2, columnspacing=1.0)  # fmt: skip
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=8,
+        fontsize=8,
+        frameon=False,
+        handlelength=1.2,
+        columnspacing=1.0,
+    )
     fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.3, wspace=0.3)
     return fig
 
@@ -102,8 +125,9 @@ def draw_bank_map(name: str = "Q", d: int = 64, matrix: int = 0, strides=None):
         n = int(bk.passes(load.address, lds)[matrix])
         for y, lane in enumerate(lanes):
             for w, bank in enumerate(banks[lane]):
-                ax.add_patch(Rectangle((bank, y), 1, 1, facecolor=colours[lane],
-                                       edgecolor="white", lw=0.5))  # fmt: skip
+                ax.add_patch(
+                    Rectangle((bank, y), 1, 1, facecolor=colours[lane], edgecolor="white", lw=0.5)
+                )
                 if w == 0:
                     ax.text(bank + 2, y + 0.5, f"T{lane}", ha="center", va="center", fontsize=7)
             ax.text(32.4, y + 0.5, f"byte {start[lane]}", va="center", fontsize=7)
@@ -116,8 +140,9 @@ def draw_bank_map(name: str = "Q", d: int = 64, matrix: int = 0, strides=None):
         ax.set_xlabel("bank", fontsize=8, loc="left")
         pad = "no padding" if lds == d else "+8 halves"
         pas = "pass" if n == 1 else "passes"
-        ax.set_title(f"v{version}: rows of {lds} halves ({2 * lds} bytes, {pad}): {n} {pas}",
-                     fontsize=9)  # fmt: skip
+        ax.set_title(
+            f"v{version}: rows of {lds} halves ({2 * lds} bytes, {pad}): {n} {pas}", fontsize=9
+        )
     axes[0].set_ylabel(f"row of matrix {matrix}", fontsize=8)
     fig.subplots_adjust(left=0.06, right=0.99, top=0.86, bottom=0.2, wspace=0.12)
     return fig
@@ -161,20 +186,27 @@ def draw_cp_async_ring(n_tiles: int = 5):
     from matplotlib.patches import Patch, Rectangle
 
     light, dark = "#cfe2f3", "#e69138"
-    fig, axes = plt.subplots(2, 1, figsize=(WIDTH_IN, 3.2), dpi=DPI,
-                             gridspec_kw={"height_ratios": [2, 3]})  # fmt: skip
+    fig, axes = plt.subplots(
+        2, 1, figsize=(WIDTH_IN, 3.2), dpi=DPI, gridspec_kw={"height_ratios": [2, 3]}
+    )
     for ax, (version, stages) in zip(axes, ((5, 2), (11, 3)), strict=True):
         events = cr.schedule(stages, n_tiles)
         boxes, lines = ring_boxes(events)
         for buffer, x0, x1, kind, tile in boxes:
             colour = dark if kind == "compute" else light
-            ax.add_patch(Rectangle((x0, buffer + 0.1), x1 - x0, 0.8, facecolor=colour,
-                                   edgecolor="0.3", lw=0.5))  # fmt: skip
+            ax.add_patch(
+                Rectangle(
+                    (x0, buffer + 0.1), x1 - x0, 0.8, facecolor=colour, edgecolor="0.3", lw=0.5
+                )
+            )
             text = f"read {tile}" if kind == "compute" else f"copy {tile}"
             ax.text((x0 + x1) / 2, buffer + 0.5, text, ha="center", va="center", fontsize=8)
         for x, kind in lines:
-            style = {"color": "black", "lw": 1.2} if kind == "barrier" else {
-                "color": "0.5", "lw": 0.8, "ls": ":"}  # fmt: skip
+            style = (
+                {"color": "black", "lw": 1.2}
+                if kind == "barrier"
+                else {"color": "0.5", "lw": 0.8, "ls": ":"}
+            )
             ax.plot([x, x], [0, stages], **style)
         ax.set(xlim=(-STEP, STEP * n_tiles), ylim=(stages, 0))
         ax.set_yticks([b + 0.5 for b in range(stages)], [f"buffer {b}" for b in range(stages)])
@@ -184,8 +216,11 @@ def draw_cp_async_ring(n_tiles: int = 5):
         )
         ax.tick_params(labelsize=8, length=0)
         per = cr.barriers_per_tile(events)
-        ax.set_title(f"v{version}: {stages} buffers of K and V, {per} __syncthreads per tile",
-                     fontsize=9, loc="left")  # fmt: skip
+        ax.set_title(
+            f"v{version}: {stages} buffers of K and V, {per} __syncthreads per tile",
+            fontsize=9,
+            loc="left",
+        )
         for side in ("top", "right", "bottom"):
             ax.spines[side].set_visible(False)
     handles = [

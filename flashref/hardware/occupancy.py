@@ -19,8 +19,12 @@ def sm_budget(device: dict) -> dict[str, int]:
     """An SM's budgets from the device attributes a benchmark file records
     (``meta["ceilings"]["device"]``): shared memory (and what the driver keeps back per
     block), registers and warps."""
-    need = ("smem_per_sm_bytes", "smem_per_block_optin_bytes", "registers_per_sm",
-            "max_threads_per_sm")  # fmt: skip
+    need = (
+        "smem_per_sm_bytes",
+        "smem_per_block_optin_bytes",
+        "registers_per_sm",
+        "max_threads_per_sm",
+    )
     missing = [k for k in need if not isinstance(device, dict) or k not in device]
     if missing:
         raise ValueError(f"device has no {missing[0]!r}; expected the recorded device attributes")

@@ -30,16 +30,22 @@ Tiles3 = list[tuple[int, tuple[int, int, int]]]  # (n_tiles, (n_mine of warpgrou
 
 def _tiles3(tiles) -> Tiles3:
     if not isinstance(tiles, list) or not tiles:
-        raise ValueError(f"tiles must be a non-empty list of (n_tiles, (n0, n1, n2)), got "
-                         f"{tiles!r}")  # fmt: skip
+        raise ValueError(
+            f"tiles must be a non-empty list of (n_tiles, (n0, n1, n2)), got {tiles!r}"
+        )
     out = []
     for i, item in enumerate(tiles):
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], tuple)
-                and len(item[1]) == NWG):  # fmt: skip
+        if not (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[1], tuple)
+            and len(item[1]) == NWG
+        ):
             raise ValueError(f"tiles[{i}] must be (n_tiles, (n0, n1, n2)), got {item!r}")
         n_tiles = check_block(item[0], f"tiles[{i}] n_tiles", 1)
-        split = tuple(check_block(n, f"tiles[{i}] n_mine[{cw}]", 0, n_tiles)
-                      for cw, n in enumerate(item[1]))  # fmt: skip
+        split = tuple(
+            check_block(n, f"tiles[{i}] n_mine[{cw}]", 0, n_tiles) for cw, n in enumerate(item[1])
+        )
         out.append((n_tiles, split))
     return out
 

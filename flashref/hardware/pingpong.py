@@ -110,8 +110,9 @@ def run(
     n_mine = _split(n_mine, n_tiles, "n_mine")
     stages = check_block(stages, "stages", 1)
     progs = [iter(program(cw, n_tiles, n_mine[cw])) for cw in (0, 1)]
-    return _schedule(progs, [("load", j) for j in range(n_tiles)], stages, f"n_tiles {n_tiles}, "
-                     f"n_mine {n_mine}")  # fmt: skip
+    return _schedule(
+        progs, [("load", j) for j in range(n_tiles)], stages, f"n_tiles {n_tiles}, n_mine {n_mine}"
+    )
 
 
 def _split(n_mine, n_tiles: int, name: str) -> tuple[int, int]:

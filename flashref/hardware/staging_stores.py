@@ -124,5 +124,13 @@ def extra_wavefronts(version: int, d: int, B: int, H: int, N: int) -> int:
     return stores(version, d, B, H, N) * (per - 2)
 
 
-__all__ = ["VERSIONS", "stage_offset", "groups", "store_offsets", "wavefronts",
-           "wavefronts_per_store", "stores", "extra_wavefronts"]  # fmt: skip
+__all__ = [
+    "VERSIONS",
+    "stage_offset",
+    "groups",
+    "store_offsets",
+    "wavefronts",
+    "wavefronts_per_store",
+    "stores",
+    "extra_wavefronts",
+]

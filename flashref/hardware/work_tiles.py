@@ -40,14 +40,26 @@ def work_tile(item: int, Tr: int, BH: int, causal: bool, G: int | None = None) -
     return Tr - 1 - level, h0 + (Gs - 1 - r if level % 2 else r)
 
 
-def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool, d: int = 128,
-                Br: int = 128, Bc: int = 128, idle_past_nq: bool = False) -> WorkTiles:  # fmt: skip
+def block_tiles(
+    b: int,
+    grid: int,
+    Nq: int,
+    Nk: int,
+    BH: int,
+    causal: bool,
+    d: int = 128,
+    Br: int = 128,
+    Bc: int = 128,
+    idle_past_nq: bool = False,
+) -> WorkTiles:
     """The work tiles block ``b`` of ``grid`` takes in version 27 (b, b + grid, ...), each as
     (n_tiles, (n_mine of each of the Br / 64 warpgroups)) computed as the kernel computes them.
     Version 28 (Br = 192, three warpgroups) passes ``idle_past_nq``: as in version 24 a
     warpgroup whose 64 rows all lie past Nq has no tile of its own (n_mine = 0)."""
-    Nq, Nk, BH, Br, Bc = (check_block(x, n, 1) for x, n in ((Nq, "Nq"), (Nk, "Nk"), (BH, "BH"),
-                                                      (Br, "Br"), (Bc, "Bc")))  # fmt: skip
+    Nq, Nk, BH, Br, Bc = (
+        check_block(x, n, 1)
+        for x, n in ((Nq, "Nq"), (Nk, "Nk"), (BH, "BH"), (Br, "Br"), (Bc, "Bc"))
+    )
     if Br % 64:
         raise ValueError(f"Br must be a multiple of 64 (64 rows per warpgroup), got {Br}")
     Tr = -(-Nq // Br)
@@ -59,8 +71,13 @@ def block_tiles(b: int, grid: int, Nq: int, Nk: int, BH: int, causal: bool, d: i
         q0 = work_tile(item, Tr, BH, causal, G)[0] * Br
         kv_end = min(Nk, q0 + Br) if causal else Nk
         n_tiles = -(-kv_end // Bc)
-        split = tuple(0 if idle_past_nq and q0 + cw * 64 >= Nq
-                      else min(n_tiles, (q0 + cw * 64 + 63) // Bc + 1) if causal else n_tiles
-                      for cw in range(Br // 64))  # fmt: skip
+        split = tuple(
+            0
+            if idle_past_nq and q0 + cw * 64 >= Nq
+            else min(n_tiles, (q0 + cw * 64 + 63) // Bc + 1)
+            if causal
+            else n_tiles
+            for cw in range(Br // 64)
+        )
         out.append((n_tiles, split))
     return out

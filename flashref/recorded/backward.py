@@ -16,9 +16,20 @@ from .files import NUM, check_fields, read_json
 from .kernel_runs import NO_SPREAD, Bench, Profile, compare_rounds
 
 BACKWARD_META = {"gpu": str, "driver": str, "date": str}
-BACKWARD_ROW = {"impl": str, "direction": str, "dtype": str, "d": int, "causal": bool,
-                "N": int, "B": int, "H": int, "ms": NUM, "ms_min": NUM, "ms_max": NUM,
-                "tflops": NUM}  # fmt: skip
+BACKWARD_ROW = {
+    "impl": str,
+    "direction": str,
+    "dtype": str,
+    "d": int,
+    "causal": bool,
+    "N": int,
+    "B": int,
+    "H": int,
+    "ms": NUM,
+    "ms_min": NUM,
+    "ms_max": NUM,
+    "tflops": NUM,
+}
 # flashref: a version through its internal launch (a study of the kernel); flashref_public:
 # the public flash_attention_backward with version=None on torch tensors, timed as SDPA
 IMPLS = ("flashref", "flashref_public", "sdpa_flash", "sdpa_cudnn")
@@ -68,22 +79,30 @@ def backward_table(rows, direction: str = "backward") -> list[str]:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     rows = [r for r in rows if r["direction"] == direction]
-    index = {(r["impl"], r["version"], r["dtype"], r["d"], r["causal"], r["N"]): r
-             for r in rows}  # fmt: skip
+    index = {(r["impl"], r["version"], r["dtype"], r["d"], r["causal"], r["N"]): r for r in rows}
     Ns = sorted({r["N"] for r in rows})
     lines = [f"{direction}: TFLOP/s, then its ratio to cuDNN's and to FLASH's"]
     for case in sorted({(r["dtype"], r["d"], r["causal"]) for r in rows}):
-        versions = sorted({r["version"] for r in rows if r["impl"] == "flashref"
-                           and (r["dtype"], r["d"], r["causal"]) == case})  # fmt: skip
-        named = [(f"bwd{n}" if direction == "backward" else f"v{n}", "flashref", n)
-                 for n in versions]  # fmt: skip
+        versions = sorted(
+            {
+                r["version"]
+                for r in rows
+                if r["impl"] == "flashref" and (r["dtype"], r["d"], r["causal"]) == case
+            }
+        )
+        named = [
+            (f"bwd{n}" if direction == "backward" else f"v{n}", "flashref", n) for n in versions
+        ]
         named += [("SDPA FLASH", "sdpa_flash", None), ("SDPA cuDNN", "sdpa_cudnn", None)]
-        base = {impl: {N: index.get((impl, None, *case, N)) for N in Ns}
-                for impl in ("sdpa_cudnn", "sdpa_flash")}  # fmt: skip
+        base = {
+            impl: {N: index.get((impl, None, *case, N)) for N in Ns}
+            for impl in ("sdpa_cudnn", "sdpa_flash")
+        }
         dtype, d, causal = case
         lines.append("")
-        lines.append(f"{f'{dtype}, d = {d}, causal {causal}':28}"
-                     + "".join(f"{f'N = {N}':>17}" for N in Ns))  # fmt: skip
+        lines.append(
+            f"{f'{dtype}, d = {d}, causal {causal}':28}" + "".join(f"{f'N = {N}':>17}" for N in Ns)
+        )
         for label, impl, n in named:
             cells = ""
             for N in Ns:
@@ -91,8 +110,10 @@ def backward_table(rows, direction: str = "backward") -> list[str]:
                 if r is None:
                     cells += f"{'-':>17}"
                     continue
-                ratios = [f"{r['tflops'] / b[N]['tflops']:5.2f}" if b[N] else f"{'-':>5}"
-                          for b in base.values()]  # fmt: skip
+                ratios = [
+                    f"{r['tflops'] / b[N]['tflops']:5.2f}" if b[N] else f"{'-':>5}"
+                    for b in base.values()
+                ]
                 cells += f"{r['tflops']:5.0f} {' '.join(ratios)}"
             lines.append(f"{label:28}{cells}")
     return lines
@@ -120,8 +141,17 @@ def backward_bench(path):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{path}: rows[{i}]['version'] = {n!r}; expected a version")
             impl = f"v{n}"
-        out.append({"impl": impl, "run_dtype": r["dtype"], "d": r["d"], "causal": r["causal"],
-                    "N": r["N"], "tflops": r["tflops"], "round_ms": r["round_ms"]})  # fmt: skip
+        out.append(
+            {
+                "impl": impl,
+                "run_dtype": r["dtype"],
+                "d": r["d"],
+                "causal": r["causal"],
+                "N": r["N"],
+                "tflops": r["tflops"],
+                "round_ms": r["round_ms"],
+            }
+        )
     return Bench({"meta": meta, "rows": out}, Path(path).name)
 
 
@@ -169,8 +199,9 @@ def stall_sampling_lines(paths: dict, top: int = 5) -> list[str]:
     return lines
 
 
-def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float = 0.8,
-                        goal: float = 1.0) -> list[str]:  # fmt: skip
+def against_flash_lines(
+    rows, picks: dict, at_least: int = 4096, target: float = 0.8, goal: float = 1.0
+) -> list[str]:
     """How chosen versions compare with SDPA FLASH's backward at ``N >= at_least``.
 
     ``picks`` maps a label to a function of (dtype, d, causal, N) and the flashref versions
@@ -178,8 +209,11 @@ def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float =
     For each label: the range of TFLOP/s over FLASH's, how many configurations reach
     ``target`` and ``goal``, and the range over cuDNN's.
     """
-    index = {(r["impl"], r["dtype"], r["d"], r["causal"], r["N"]): r
-             for r in rows if r["direction"] == "backward" and r["impl"] != "flashref"}  # fmt: skip
+    index = {
+        (r["impl"], r["dtype"], r["d"], r["causal"], r["N"]): r
+        for r in rows
+        if r["direction"] == "backward" and r["impl"] != "flashref"
+    }
     ours: dict = {}
     for r in rows:
         if r["impl"] == "flashref" and r["direction"] == "backward" and r["N"] >= at_least:
@@ -194,12 +228,17 @@ def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float =
             lines.append(f"  {label}: not in this file")
             continue
         xs = [ours[k][n]["tflops"] / index["sdpa_flash", *k]["tflops"] for k, n in chosen]
-        xc = [ours[k][n]["tflops"] / index["sdpa_cudnn", *k]["tflops"]
-              for k, n in chosen if ("sdpa_cudnn", *k) in index]  # fmt: skip
+        xc = [
+            ours[k][n]["tflops"] / index["sdpa_cudnn", *k]["tflops"]
+            for k, n in chosen
+            if ("sdpa_cudnn", *k) in index
+        ]
         names = ", ".join(f"bwd{n}" for n in sorted({n for _, n in chosen}))
-        lines.append(f"  {label} ({names}): {min(xs):.2f} to {max(xs):.2f};"
-                     f" >= {target} at {sum(x >= target for x in xs)} of {len(xs)},"
-                     f" >= {goal} at {sum(x >= goal for x in xs)} of {len(xs)}")  # fmt: skip
+        lines.append(
+            f"  {label} ({names}): {min(xs):.2f} to {max(xs):.2f};"
+            f" >= {target} at {sum(x >= target for x in xs)} of {len(xs)},"
+            f" >= {goal} at {sum(x >= goal for x in xs)} of {len(xs)}"
+        )
         if xc:
             lines.append(f"    over cuDNN's: {min(xc):.2f} to {max(xc):.2f}")
         below = [(k, n) for (k, n), x in zip(chosen, xs, strict=True) if x < goal]
@@ -207,8 +246,10 @@ def against_flash_lines(rows, picks: dict, at_least: int = 4096, target: float =
             for k, n in below:
                 flash, mine = index["sdpa_flash", *k], ours[k][n]
                 word = compare_rounds(flash, mine) if "round_ms" in mine else NO_SPREAD
-                lines.append(f"    below {goal} at {k[0]} d = {k[1]}, causal {k[2]}, N = {k[3]}:"
-                             f" {mine['tflops'] / flash['tflops']:.3f}, rounds {word}")  # fmt: skip
+                lines.append(
+                    f"    below {goal} at {k[0]} d = {k[1]}, causal {k[2]}, N = {k[3]}:"
+                    f" {mine['tflops'] / flash['tflops']:.3f}, rounds {word}"
+                )
     return lines
 
 
@@ -219,22 +260,33 @@ def public_against_cudnn_lines(
     ``version=None``, timed as SDPA's backward is) over SDPA cuDNN's backward of the same
     dtype, d, causal and N. One line for ``N >= large`` and one for ``N == small``: the range
     of the ratio, how many configurations reach the target, and the versions that ran."""
-    cudnn = {(r["dtype"], r["d"], r["causal"], r["N"]): r["tflops"] for r in rows
-             if r["impl"] == "sdpa_cudnn" and r["direction"] == "backward"}  # fmt: skip
-    public = [(r, r["tflops"] / cudnn[r["dtype"], r["d"], r["causal"], r["N"]]) for r in rows
-              if r["impl"] == "flashref_public" and r["direction"] == "backward"
-              and (r["dtype"], r["d"], r["causal"], r["N"]) in cudnn]  # fmt: skip
+    cudnn = {
+        (r["dtype"], r["d"], r["causal"], r["N"]): r["tflops"]
+        for r in rows
+        if r["impl"] == "sdpa_cudnn" and r["direction"] == "backward"
+    }
+    public = [
+        (r, r["tflops"] / cudnn[r["dtype"], r["d"], r["causal"], r["N"]])
+        for r in rows
+        if r["impl"] == "flashref_public"
+        and r["direction"] == "backward"
+        and (r["dtype"], r["d"], r["causal"], r["N"]) in cudnn
+    ]
     if not public:
         return ["no flashref_public rows in this file"]
     lines = []
-    for label, keep, target in ((f"N >= {large}", lambda n: n >= large, target_large),
-                                (f"N = {small}", lambda n: n == small, target_small)):  # fmt: skip
+    for label, keep, target in (
+        (f"N >= {large}", lambda n: n >= large, target_large),
+        (f"N = {small}", lambda n: n == small, target_small),
+    ):
         xs = [(r, x) for r, x in public if keep(r["N"])]
         if not xs:
             continue
         ratios = [x for _, x in xs]
         versions = ", ".join(f"bwd{n}" for n in sorted({r["version"] for r, _ in xs}))
-        lines.append(f"{label}: public call over cuDNN's {min(ratios):.2f} to {max(ratios):.2f};"
-                     f" >= {target} at {sum(x >= target for x in ratios)} of {len(ratios)}"
-                     f" ({versions})")  # fmt: skip
+        lines.append(
+            f"{label}: public call over cuDNN's {min(ratios):.2f} to {max(ratios):.2f};"
+            f" >= {target} at {sum(x >= target for x in ratios)} of {len(ratios)}"
+            f" ({versions})"
+        )
     return lines

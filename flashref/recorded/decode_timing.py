@@ -24,9 +24,17 @@ from flashref.gpu.decode import BLOCKS_V5, choose_num_splits
 from .decode import impl_names, shape_of, shape_text
 
 __all__ = [
-    "timed_table", "timed_checks", "host_kernel", "paged_host", "split_sweep",
-    "profile_versions", "profile_small", "early_tiles", "profile_v7", "prefill_stamps",
-]  # fmt: skip
+    "timed_table",
+    "timed_checks",
+    "host_kernel",
+    "paged_host",
+    "split_sweep",
+    "profile_versions",
+    "profile_small",
+    "early_tiles",
+    "profile_v7",
+    "prefill_stamps",
+]
 
 NS = "gpu__time_duration.sum"  # every kernel of the call, in ns
 DRAM = "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"
@@ -48,8 +56,17 @@ class _Out:
 
 
 def _names(run):
-    return (run.meta, run.row, run.shapes, run.ours, run.ours_paged, run.version,
-            run.paged_version, run.read_ceiling, run.measured)  # fmt: skip
+    return (
+        run.meta,
+        run.row,
+        run.shapes,
+        run.ours,
+        run.ours_paged,
+        run.version,
+        run.paged_version,
+        run.read_ceiling,
+        run.measured,
+    )
 
 
 def timed_table(run):
@@ -385,10 +402,15 @@ def profile_versions(path):
         tile = 2 * dec.BC * d_p * 2  # bytes of a 64-key tile of K and V, fp16
         ring = {  # bytes of K/V buffers in shared memory per SM
             "version 1": dec.BLOCKS_PER_SM * dec.STAGES * tile,
-            "2-4": dec.BLOCKS_PER_SM * dec.NWARPS * dec.STAGES_W[d_p]
-            * 2 * dec.BK * d_p * 2,  # each warp's ring of 16-key sub-tiles
+            "2-4": dec.BLOCKS_PER_SM
+            * dec.NWARPS
+            * dec.STAGES_W[d_p]
+            * 2
+            * dec.BK
+            * d_p
+            * 2,  # each warp's ring of 16-key sub-tiles
             "5-7": dec.BLOCKS_V5[d_p, 1] * dec.STAGES_V5[d_p, 1] * tile,
-        }  # fmt: skip
+        }
         out(
             f"K/V ring per SM at d = {d_p}: "
             + ", ".join(f"{v}: {b // 1024} KiB" for v, b in ring.items())
@@ -583,9 +605,17 @@ def profile_v7(path):
 
 
 # (column, stamp): the producer thread's stamps, then the first consumer thread's
-STAMP_COLUMNS = (("Q ask", "q_asked"), ("len", "length_read"), ("K0 ask", "tile0_asked"),
-                 ("ready", "consumer_ready"), ("Q in", "q_landed"), ("K0 in", "tile0_landed"),
-                 ("P0", "tile0_done"), ("loop", "loop_done"), ("end", "end"))  # fmt: skip
+STAMP_COLUMNS = (
+    ("Q ask", "q_asked"),
+    ("len", "length_read"),
+    ("K0 ask", "tile0_asked"),
+    ("ready", "consumer_ready"),
+    ("Q in", "q_landed"),
+    ("K0 in", "tile0_landed"),
+    ("P0", "tile0_done"),
+    ("loop", "loop_done"),
+    ("end", "end"),
+)
 
 
 def prefill_stamps(path):
@@ -613,15 +643,23 @@ def prefill_stamps(path):
     def chunk(r):  # the chunk's shape, the first columns of every row below
         return "".join(f"{r[k]:>{w}}" for k, w in shape)
 
-    out("".join(f"{k:>{w}}" for k, w in shape) + f"{'blocks':>7}"
-        + "".join(f"{c:>7}" for c, _ in STAMP_COLUMNS[:3]) + " |"
-        + "".join(f"{c:>6}" for c, _ in STAMP_COLUMNS[3:]) + f"{'last':>6}")  # fmt: skip
+    out(
+        "".join(f"{k:>{w}}" for k, w in shape)
+        + f"{'blocks':>7}"
+        + "".join(f"{c:>7}" for c, _ in STAMP_COLUMNS[:3])
+        + " |"
+        + "".join(f"{c:>6}" for c, _ in STAMP_COLUMNS[3:])
+        + f"{'last':>6}"
+    )
     for r in data["rows"]:
         s = r["stamps_us"]
-        out(f"{chunk(r)}{r['blocks']:>7}"
-            + "".join(f"{s[k]:>7.2f}" for _, k in STAMP_COLUMNS[:3]) + " |"
+        out(
+            f"{chunk(r)}{r['blocks']:>7}"
+            + "".join(f"{s[k]:>7.2f}" for _, k in STAMP_COLUMNS[:3])
+            + " |"
             + "".join(f"{s[k]:>6.2f}" for _, k in STAMP_COLUMNS[3:])
-            + f"{r['last_end_us']:>6.2f}")  # fmt: skip
+            + f"{r['last_end_us']:>6.2f}"
+        )
     out("producer: Q ask, len (the sequence's length read), K0 ask (the first key tile asked);")
     out("consumer: ready (registers raised), Q in and K0 in (landed), P0 (the first tile's")
     out("  scores and P), loop (the last tile done), end (the output written);")
@@ -630,6 +668,8 @@ def prefill_stamps(path):
     for r in data["rows"]:
         s = r["stamps_us"]
         start, tail = s["tile0_landed"], s["end"] - s["loop_done"]
-        out(f"{chunk(r)}{'':>7}  {start:.2f} + {tail:.2f} of "
-            f"{s['end']:.2f} us: {(start + tail) / s['end']:.0%}")  # fmt: skip
+        out(
+            f"{chunk(r)}{'':>7}  {start:.2f} + {tail:.2f} of "
+            f"{s['end']:.2f} us: {(start + tail) / s['end']:.0%}"
+        )
     return out.lines

@@ -28,8 +28,10 @@ def worst_cases(tflops: dict) -> dict:
     if len(lengths) != 1 or not next(iter(lengths)):
         raise ValueError(f"every version must have run at the same lengths N, got {tflops}")
     best = {n: max(by_n[n] for by_n in tflops.values()) for n in next(iter(lengths))}
-    return {version: (min(by_n[n] / best[n] for n in by_n), statistics.median(by_n.values()))
-            for version, by_n in tflops.items()}  # fmt: skip
+    return {
+        version: (min(by_n[n] / best[n] for n in by_n), statistics.median(by_n.values()))
+        for version, by_n in tflops.items()
+    }
 
 
 def forward_tflops(rows) -> dict:

@@ -49,10 +49,23 @@ CONTROL = (14, 17)  # the same arithmetic without a causal mask
 SHAPES = ((64, False), (64, True), (128, False), (128, True))  # (d, causal)
 
 __all__ = [
-    "Bench", "Profile", "COUNTERS", "counter_lines", "round_interval", "compare_rounds",
-    "step_counts", "control_share", "control_lines", "step_verdict", "step_lines",
-    "speed_lines", "steps_lines", "ratio_lines", "occupancy_lines", "shape_name",
-]  # fmt: skip
+    "Bench",
+    "Profile",
+    "COUNTERS",
+    "counter_lines",
+    "round_interval",
+    "compare_rounds",
+    "step_counts",
+    "control_share",
+    "control_lines",
+    "step_verdict",
+    "step_lines",
+    "speed_lines",
+    "steps_lines",
+    "ratio_lines",
+    "occupancy_lines",
+    "shape_name",
+]
 
 
 def _read(path) -> dict:
@@ -176,48 +189,79 @@ def _stalls(reason):
 COUNTERS: dict[str, tuple[Callable[[dict], float], str]] = {  # name: (value of a row, format)
     "time in ncu, ms": (lambda r: r["gpu__time_duration.sum"] / 1e6, ".2f"),
     "SM clock, GHz": (lambda r: r["sm__cycles_elapsed.avg.per_second"] / 1e9, ".2f"),
-    "DRAM bytes, MB": (lambda r: (r["dram__bytes_read.sum"] + r["dram__bytes_write.sum"]) / 1e6,
-                       ".0f"),
+    "DRAM bytes, MB": (
+        lambda r: (r["dram__bytes_read.sum"] + r["dram__bytes_write.sum"]) / 1e6,
+        ".0f",
+    ),
     "L2 bytes, GB": (lambda r: r["lts__t_bytes.sum"] / 1e9, ".2f"),
     "tensor pipe active, %": (lambda r: r[f"sm__pipe_tensor_op_hmma_cycles_active.{_PCT}"], ".1f"),
     "mma instructions, M": (lambda r: r[_MMA] / 1e6, ".0f"),
     "ldmatrix, M": (lambda r: r["smsp__inst_executed_op_ldsm.sum"] / 1e6, ".1f"),
     "ldmatrix per mma": (_ldsm_per_mma, ".3f"),
-    "bank conflicts, M": (lambda r: r["l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"]
-                          / 1e6, ".3g"),
+    "bank conflicts, M": (
+        lambda r: r["l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"] / 1e6,
+        ".3g",
+    ),
     "bank conflicts of stores, M": (
-        lambda r: r["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"] / 1e6, ".3g"),
+        lambda r: r["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"] / 1e6,
+        ".3g",
+    ),
     "instructions issued, M": (lambda r: r["smsp__inst_executed.sum"] / 1e6, ".0f"),
     "issue slots busy, %": (lambda r: r[f"smsp__issue_active.{_PCT}"], ".1f"),
     "resident warps, % of max": (lambda r: r[f"sm__warps_active.{_PCT}"], ".1f"),
     "registers per thread": (lambda r: r["launch__registers_per_thread"], ".0f"),
-    "shared memory per block, KiB": (lambda r: r["launch__shared_mem_per_block_dynamic"] / 1024,
-                                     ".1f"),
+    "shared memory per block, KiB": (
+        lambda r: r["launch__shared_mem_per_block_dynamic"] / 1024,
+        ".1f",
+    ),
     "thread blocks": (lambda r: r["launch__grid_size"], ".0f"),
     "stalls per issue, all reasons": (
-        lambda r: sum(v for k, v in r["stalls_per_issue"].items() if k != "selected"), ".2f"),
-}  # fmt: skip
+        lambda r: sum(v for k, v in r["stalls_per_issue"].items() if k != "selected"),
+        ".2f",
+    ),
+}
 # the backward profile's counters (chapter 8): the tensor pipe counting wgmma's cycles too,
 # dQ's atomic reductions, and the warps each scheduler had to choose from
 _PIPE_ALL = f"sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.{_PCT}"
-COUNTERS.update({
-    "tensor pipe active (any mma), %": (lambda r: r[_PIPE_ALL], ".1f"),
-    "wgmma instructions, M": (lambda r: r["sm__inst_executed_pipe_tensor_op_gmma.sum"] / 1e6,
-                              ".1f"),
-    "reduction instructions, M": (lambda r: r["smsp__inst_executed_op_global_red.sum"] / 1e6,
-                                  ".2f"),
-    "L2 reduction requests, M": (lambda r: r["lts__t_requests_op_red.sum"] / 1e6, ".1f"),
-    "warps per scheduler": (lambda r: r["smsp__warps_active.avg.per_cycle_active"], ".2f"),
-    "eligible warps per scheduler": (lambda r: r["smsp__warps_eligible.avg.per_cycle_active"],
-                                     ".2f"),
-})  # fmt: skip
-for _reason in ("long_scoreboard", "short_scoreboard", "wait", "barrier", "math_pipe_throttle",
-                "dispatch_stall", "mio_throttle", "lg_throttle"):  # fmt: skip
+COUNTERS.update(
+    {
+        "tensor pipe active (any mma), %": (lambda r: r[_PIPE_ALL], ".1f"),
+        "wgmma instructions, M": (
+            lambda r: r["sm__inst_executed_pipe_tensor_op_gmma.sum"] / 1e6,
+            ".1f",
+        ),
+        "reduction instructions, M": (
+            lambda r: r["smsp__inst_executed_op_global_red.sum"] / 1e6,
+            ".2f",
+        ),
+        "L2 reduction requests, M": (lambda r: r["lts__t_requests_op_red.sum"] / 1e6, ".1f"),
+        "warps per scheduler": (lambda r: r["smsp__warps_active.avg.per_cycle_active"], ".2f"),
+        "eligible warps per scheduler": (
+            lambda r: r["smsp__warps_eligible.avg.per_cycle_active"],
+            ".2f",
+        ),
+    }
+)
+for _reason in (
+    "long_scoreboard",
+    "short_scoreboard",
+    "wait",
+    "barrier",
+    "math_pipe_throttle",
+    "dispatch_stall",
+    "mio_throttle",
+    "lg_throttle",
+):
     COUNTERS[f"  stalls: {_reason.replace('_', ' ')}"] = (_stalls(_reason), ".2f")
 
 
-def counter_lines(profile: Profile, numbers: Iterable[int], names: Iterable[str],
-                  ratio: bool = False, dims: Iterable[int] | None = None) -> list[str]:  # fmt: skip
+def counter_lines(
+    profile: Profile,
+    numbers: Iterable[int],
+    names: Iterable[str],
+    ratio: bool = False,
+    dims: Iterable[int] | None = None,
+) -> list[str]:
     """The named counters (keys of :data:`COUNTERS`) of these versions at every head dim
     (or at ``dims`` only).
 
@@ -353,8 +397,10 @@ def control_lines(bench: Bench, pair: tuple[int, int] = CONTROL) -> list[str]:
     for d in sorted({d for d, _ in SHAPES}):
         c = step_counts(bench, old, new, d, False)
         n = sum(c.values())
-        lines.append(f"  d = {d:3}: rounds faster at {c[FASTER]}, slower at {c[SLOWER]},"
-                     f" overlapping at {c[WITHIN]} of {n} shapes")  # fmt: skip
+        lines.append(
+            f"  d = {d:3}: rounds faster at {c[FASTER]}, slower at {c[SLOWER]},"
+            f" overlapping at {c[WITHIN]} of {n} shapes"
+        )
         for dtype in bench.dtypes:
             for N in bench.Ns:
                 a, b = (bench.version(x, dtype, d, False, N) for x in (old, new))
@@ -365,8 +411,9 @@ def control_lines(bench: Bench, pair: tuple[int, int] = CONTROL) -> list[str]:
     return lines
 
 
-def step_verdict(bench: Bench, old: int, new: int, d: int, causal: bool,
-                 control: float | None = None) -> tuple[str, dict[str, int]]:  # fmt: skip
+def step_verdict(
+    bench: Bench, old: int, new: int, d: int, causal: bool, control: float | None = None
+) -> tuple[str, dict[str, int]]:
     """``("gain" | "loss" | "within the spread", counts)`` for the step old -> new at one
     head dimension and mask, over every run dtype and N of the file.
 
@@ -400,13 +447,22 @@ def step_verdict(bench: Bench, old: int, new: int, d: int, causal: bool,
 
 def _share_head_dim(bench: Bench, old: int, new: int, d: int) -> bool:
     """Whether versions old and new both have a row at head dim d (any dtype, mask, N)."""
-    return any(bench.version(old, dt, d, c, N) is not None
-               and bench.version(new, dt, d, c, N) is not None
-               for dt in bench.dtypes for c in (False, True) for N in bench.Ns)  # fmt: skip
+    return any(
+        bench.version(old, dt, d, c, N) is not None and bench.version(new, dt, d, c, N) is not None
+        for dt in bench.dtypes
+        for c in (False, True)
+        for N in bench.Ns
+    )
 
 
-def step_lines(bench: Bench, old: int, new: int, at: int = 4096, run_dtype: str = "float16",
-               control: float | None = None) -> list[str]:  # fmt: skip
+def step_lines(
+    bench: Bench,
+    old: int,
+    new: int,
+    at: int = 4096,
+    run_dtype: str = "float16",
+    control: float | None = None,
+) -> list[str]:
     """A step in three lines: for each head dim and mask, new/old TFLOP/s at one N and run
     dtype, and the verdict over the whole file (:func:`step_verdict`) with the number of
     shapes at which the new version's rounds were faster and slower. A head dim at which
@@ -430,15 +486,18 @@ def step_lines(bench: Bench, old: int, new: int, at: int = 4096, run_dtype: str 
     return lines
 
 
-def speed_lines(bench: Bench, old: int, new: int, at: int | None = None,
-                control: float | None = None) -> list[str]:  # fmt: skip
+def speed_lines(
+    bench: Bench, old: int, new: int, at: int | None = None, control: float | None = None
+) -> list[str]:
     """The step old -> new at every shape: new/old TFLOP/s marked ``+`` (rounds faster),
     ``-`` (slower) or ``=`` (within the spread); with ``at``, each version's TFLOP/s and
     spread at N = ``at``; then the verdict of each head dim and mask."""
     control = control_share(bench) if control is None else control
     a, b = f"v{old}", f"v{new}"
-    lines = [f"{b} / {a}, TFLOP/s (rounds: + faster, - slower, = within the spread)",
-             f"{'':25}" + "".join(f"{N:>8}" for N in bench.Ns)]  # fmt: skip
+    lines = [
+        f"{b} / {a}, TFLOP/s (rounds: + faster, - slower, = within the spread)",
+        f"{'':25}" + "".join(f"{N:>8}" for N in bench.Ns),
+    ]
     for dtype in bench.dtypes:
         for d, causal in SHAPES:
             cells = ""
@@ -459,9 +518,7 @@ def speed_lines(bench: Bench, old: int, new: int, at: int | None = None,
                 got = [bench.version(n, dtype, d, causal, at) for n in (old, new)]
                 if None in got:
                     continue
-                cells = "".join(
-                    f"{r['tflops']:10.1f} ({_spread_text(r)})" for r in got
-                )  # fmt: skip
+                cells = "".join(f"{r['tflops']:10.1f} ({_spread_text(r)})" for r in got)
                 lines.append(f"{dtype:9}{shape_name(d, causal):16}{cells}")
     lines.append("verdict over every run dtype and N:")
     for d, causal in SHAPES:
@@ -477,24 +534,29 @@ def _spread_text(r: dict) -> str:
     return f"{_spread(r):4.1%}" if len(r["round_ms"]) >= 2 else "1 round"
 
 
-def steps_lines(bench: Bench, steps: Iterable[tuple[int, int]],
-                control: float | None = None) -> list[str]:  # fmt: skip
+def steps_lines(
+    bench: Bench, steps: Iterable[tuple[int, int]], control: float | None = None
+) -> list[str]:
     """One line per step (old, new): the verdict of each head dim and mask, and the range
     of new/old TFLOP/s over every shape both ran."""
     control = control_share(bench) if control is None else control
-    lines = [f"{'step':12}" + "".join(f"{shape_name(d, c):>19}" for d, c in SHAPES)
-             + f"{'new/old':>12}"]  # fmt: skip
+    lines = [
+        f"{'step':12}" + "".join(f"{shape_name(d, c):>19}" for d, c in SHAPES) + f"{'new/old':>12}"
+    ]
     for old, new in steps:
         words = [step_verdict(bench, old, new, d, c, control)[0] for d, c in SHAPES]
         ratios = [
             y["tflops"] / x["tflops"]
-            for dtype in bench.dtypes for d, c in SHAPES for N in bench.Ns
+            for dtype in bench.dtypes
+            for d, c in SHAPES
+            for N in bench.Ns
             if (x := bench.version(old, dtype, d, c, N)) is not None
             and (y := bench.version(new, dtype, d, c, N)) is not None
-        ]  # fmt: skip
+        ]
         span = f"{min(ratios):.2f}-{max(ratios):.2f}"
-        lines.append(f"{f'v{old} -> v{new}':12}" + "".join(f"{w:>19}" for w in words)
-                     + f"{span:>12}")  # fmt: skip
+        lines.append(
+            f"{f'v{old} -> v{new}':12}" + "".join(f"{w:>19}" for w in words) + f"{span:>12}"
+        )
     return lines
 
 
@@ -520,13 +582,16 @@ def ratio_lines(bench: Bench, impl, against: str = "sdpa_flash") -> list[str]:
 # ---- occupancy --------------------------------------------------------------------------
 
 
-def occupancy_lines(versions: dict, profile: Profile, budget: dict,
-                    numbers: Iterable[int] | None = None) -> list[str]:  # fmt: skip
+def occupancy_lines(
+    versions: dict, profile: Profile, budget: dict, numbers: Iterable[int] | None = None
+) -> list[str]:
     """Resident warps per SM of each version at every head dim: computed from the budgets
     with the profile's registers, and measured (achieved occupancy x the maximum)."""
     numbers = list(versions) if numbers is None else list(numbers)
-    lines = [f"resident warps per SM (of {budget['warps']}): computed from the budgets,",
-             "and measured (ncu: achieved occupancy x the maximum)"]  # fmt: skip
+    lines = [
+        f"resident warps per SM (of {budget['warps']}): computed from the budgets,",
+        "and measured (ncu: achieved occupancy x the maximum)",
+    ]
     head = f"{'threads':>8}{'smem KiB':>9}{'regs':>5}{'warps':>6}{'ncu':>5}"
     lines.append(f"{'':5}" + "".join(f"{f'd = {d}':^33}" for d in profile.dims))
     lines.append(f"{'':5}" + head * len(profile.dims))
@@ -539,7 +604,9 @@ def occupancy_lines(versions: dict, profile: Profile, budget: dict,
                 continue
             regs = int(r["launch__registers_per_thread"])
             achieved = r[f"sm__warps_active.{_PCT}"] / 100 * budget["warps"]
-            line += (f"{info.threads:8}{info.smem_bytes(d) / 1024:9.1f}{regs:5}"
-                     f"{resident_warps(info, d, regs, budget):6}{achieved:5.0f}")  # fmt: skip
+            line += (
+                f"{info.threads:8}{info.smem_bytes(d) / 1024:9.1f}{regs:5}"
+                f"{resident_warps(info, d, regs, budget):6}{achieved:5.0f}"
+            )
         lines.append(line)
     return lines

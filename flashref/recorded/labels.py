@@ -38,8 +38,9 @@ def spread(values, gap: float) -> np.ndarray:
     return fitted + gap * np.arange(v.size)
 
 
-def label_columns(ax, points, columns: int = 2, gap: float = 0.11, x_at: float = 2.2,
-                  fontsize: float = 8) -> list:  # fmt: skip
+def label_columns(
+    ax, points, columns: int = 2, gap: float = 0.11, x_at: float = 2.2, fontsize: float = 8
+) -> list:
     """Label ``(x, y, text)`` points on a log-log ``ax`` in ``columns`` columns.
 
     Column c stands at ``x_at`` (c + 1) times the largest x; the points, in order of y, go
@@ -56,6 +57,14 @@ def label_columns(ax, points, columns: int = 2, gap: float = 0.11, x_at: float =
         ys = spread([math.log10(y) for _, y, _ in mine], gap)
         for (x, y, text), y_text in zip(mine, ys, strict=True):
             line = {"arrowstyle": "-", "color": "0.6", "lw": 0.5, "shrinkA": 0, "shrinkB": 2}
-            out.append(ax.annotate(text, (x, y), (x_max * x_at * (c + 1), 10**y_text),
-                                   fontsize=fontsize, va="center", arrowprops=line))  # fmt: skip
+            out.append(
+                ax.annotate(
+                    text,
+                    (x, y),
+                    (x_max * x_at * (c + 1), 10**y_text),
+                    fontsize=fontsize,
+                    va="center",
+                    arrowprops=line,
+                )
+            )
     return out

@@ -15,10 +15,24 @@ from pathlib import Path
 
 from .files import NUM, check_fields, read_json
 
-TRAINING_META = {"gpu": str, "driver": str, "torch": str, "cupy": str, "date": str,
-                 "model": dict, "steps": int, "dtype": str}  # fmt: skip
-TRAINING_RUN = {"attention": str, "seed": int, "loss": list, "val_loss": NUM,
-                "first_step_s": NUM, "s_per_step": NUM}  # fmt: skip
+TRAINING_META = {
+    "gpu": str,
+    "driver": str,
+    "torch": str,
+    "cupy": str,
+    "date": str,
+    "model": dict,
+    "steps": int,
+    "dtype": str,
+}
+TRAINING_RUN = {
+    "attention": str,
+    "seed": int,
+    "loss": list,
+    "val_loss": NUM,
+    "first_step_s": NUM,
+    "s_per_step": NUM,
+}
 
 
 def load_training(path):
@@ -90,8 +104,13 @@ def training_summary(runs, window: int = 50) -> dict:
     return out
 
 
-STEP_RUN = {"attention": str, "step_ms": NUM, "forward_backward_host_ms": NUM,
-            "forward_backward_done_ms": NUM, "profile": dict}  # fmt: skip
+STEP_RUN = {
+    "attention": str,
+    "step_ms": NUM,
+    "forward_backward_host_ms": NUM,
+    "forward_backward_done_ms": NUM,
+    "profile": dict,
+}
 STEP_PROFILE = {"cpu_us": NUM, "gpu_us": NUM, "attention_us": list}
 STEP_SIDES = ("flashref", "sdpa")
 
@@ -117,8 +136,10 @@ def load_step_profile(path):
         check_fields(run["profile"], STEP_PROFILE, f"{where}['profile']")
         pair = run["profile"]["attention_us"]
         if len(pair) != 2 or not all(isinstance(x, NUM) and x >= 0 for x in pair):
-            raise ValueError(f"{where}['profile']['attention_us'] = {pair!r}; expected two "
-                             "numbers >= 0 (forward, backward)")  # fmt: skip
+            raise ValueError(
+                f"{where}['profile']['attention_us'] = {pair!r}; expected two "
+                "numbers >= 0 (forward, backward)"
+            )
     sides = {run["attention"] for run in data["runs"]}
     if not set(STEP_SIDES) <= sides:
         raise ValueError(f"{path}: runs of {sorted(sides)}; expected both of {STEP_SIDES}")
@@ -133,10 +154,12 @@ def step_profile_lines(meta: dict, runs) -> list[str]:
     step is the host's), and the attention ranges' difference between the sides."""
     by = {side: [r for r in runs if r["attention"] == side] for side in STEP_SIDES}
     clock = f", SM {clock_text(meta['sm_clock'])}" if meta.get("sm_clock") else ""
-    lines = [f"{meta['gpu']}, {meta['date']}, commit {meta['commit'][:7]}{clock}: "
-             f"{min(len(v) for v in by.values())} rounds a side, interleaved",
-             f"{'':10}{'step ms':>14}{'fwd+bwd host':>15}{'done ms':>13}{'GPU ms':>12}"
-             f"{'attention us':>15}"]  # fmt: skip
+    lines = [
+        f"{meta['gpu']}, {meta['date']}, commit {meta['commit'][:7]}{clock}: "
+        f"{min(len(v) for v in by.values())} rounds a side, interleaved",
+        f"{'':10}{'step ms':>14}{'fwd+bwd host':>15}{'done ms':>13}{'GPU ms':>12}"
+        f"{'attention us':>15}",
+    ]
 
     def pair(values, spec):
         return "  ".join(format(v, spec) for v in values)
@@ -151,8 +174,10 @@ def step_profile_lines(meta: dict, runs) -> list[str]:
         )
     lag = max(r["forward_backward_done_ms"] - r["forward_backward_host_ms"] for r in runs)
     short = min(r["step_ms"] for r in runs)
-    lines.append(f"the GPU done at most {lag:.2f} ms after the host, under 2% of a step: "
-                 f"{lag < 0.02 * short}")  # fmt: skip
+    lines.append(
+        f"the GPU done at most {lag:.2f} ms after the host, under 2% of a step: "
+        f"{lag < 0.02 * short}"
+    )
 
     def middle(side):
         xs = sorted(sum(r["profile"]["attention_us"]) for r in by[side])
@@ -170,8 +195,10 @@ def training_lines(meta: dict, runs, summary: dict) -> list[str]:
     """What chapter 8 prints of a training record: the run, each run's step time, the end
     and validation losses, and the two gaps (``training_summary``) side by side."""
     m, s, w = meta["model"], summary, summary["window"]
-    lines = [f"{meta['gpu']}, torch {meta['torch']}, {meta['date']}: {m.get('n_layers')} layers,"
-             f" d_model {m.get('d_model')}, {meta['steps']} steps in {meta['dtype']}"]  # fmt: skip
+    lines = [
+        f"{meta['gpu']}, torch {meta['torch']}, {meta['date']}: {m.get('n_layers')} layers,"
+        f" d_model {m.get('d_model')}, {meta['steps']} steps in {meta['dtype']}"
+    ]
     if meta.get("sm_clock"):  # the model on a line of its own
         head, model = lines[0].split(": ", 1)
         lines[0:1] = [f"{head}, SM {clock_text(meta['sm_clock'])}:", f"  {model}"]
@@ -180,15 +207,23 @@ def training_lines(meta: dict, runs, summary: dict) -> list[str]:
         run = s[key]
         if run is not None:
             name = f"{run['attention']}, seed {run['seed']}"
-            lines.append(f"  {name:16}{run['s_per_step'] * 1e3:12.1f}"
-                         f"{end_loss(run, w):15.3f}{run['val_loss']:12.3f}")  # fmt: skip
-    lines.append(f"flashref against SDPA, same seed: end gap {s['end_gap']:.3f},"
-                 f" validation gap {s['val_gap']:.3f}")  # fmt: skip
+            lines.append(
+                f"  {name:16}{run['s_per_step'] * 1e3:12.1f}"
+                f"{end_loss(run, w):15.3f}{run['val_loss']:12.3f}"
+            )
+    lines.append(
+        f"flashref against SDPA, same seed: end gap {s['end_gap']:.3f},"
+        f" validation gap {s['val_gap']:.3f}"
+    )
     if s["other_seed"] is not None:
-        lines.append(f"SDPA against SDPA, other seed:    end gap {s['seed_end_gap']:.3f},"
-                     f" validation gap {s['seed_val_gap']:.3f}")  # fmt: skip
-        lines.append("flashref's validation loss as close to SDPA's as two seeds' are: "
-                     f"{s['val_gap'] <= s['seed_val_gap']}")  # fmt: skip
+        lines.append(
+            f"SDPA against SDPA, other seed:    end gap {s['seed_end_gap']:.3f},"
+            f" validation gap {s['seed_val_gap']:.3f}"
+        )
+        lines.append(
+            "flashref's validation loss as close to SDPA's as two seeds' are: "
+            f"{s['val_gap'] <= s['seed_val_gap']}"
+        )
     flash, sdpa = s["flashref"], s["sdpa"]
     ratio = flash["s_per_step"] / sdpa["s_per_step"]
     lines.append(f"flashref's step over SDPA's, same seed: {ratio:.2f}")
@@ -215,8 +250,10 @@ def training_figure(summary: dict):
         run = s[key]
         if run is not None:
             diff = [a - b for a, b in zip(run["loss"], base["loss"], strict=True)]
-            label = (f"{run['attention']}, seed {run['seed']} minus {base['attention']},"
-                     f" seed {base['seed']}")  # fmt: skip
+            label = (
+                f"{run['attention']}, seed {run['seed']} minus {base['attention']},"
+                f" seed {base['seed']}"
+            )
             gap.plot(diff, lw=1, color=color[key], label=label)
     gap.axhline(0, color="gray", lw=0.5)
     gap.set(xlabel="step", ylabel="loss difference")

@@ -141,9 +141,14 @@ class _Generator:
                 torch.cuda.synchronize()
                 t3 = time.perf_counter()
             copies = None if copies is None else self._host_copies() - copies
-        return {"tokens": self.out.T.clone(), "prefill_s": t1 - t0, "capture_s": t2 - t1,
-                "decode_s": t3 - t2, "steps": new_tokens - 2,
-                "loop_host_copies": copies}  # fmt: skip
+        return {
+            "tokens": self.out.T.clone(),
+            "prefill_s": t1 - t0,
+            "capture_s": t2 - t1,
+            "decode_s": t3 - t2,
+            "steps": new_tokens - 2,
+            "loop_host_copies": copies,
+        }
 
     def _step(self):
         model = self.model
@@ -170,19 +175,27 @@ class PagedGenerator(_Generator):
     def __init__(self, model, cfg, batch, *, page_size=64, dtype="bfloat16", prefill_chunk=None):
         super().__init__(model, cfg, batch, dtype)
         if prefill_chunk is not None and (
-            isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+            isinstance(prefill_chunk, bool)
+            or not isinstance(prefill_chunk, int)
             or prefill_chunk < 1
-        ):  # fmt: skip
+        ):
             raise ValueError(f"prefill_chunk must be None or a positive int, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
 
         torch = self.torch
         per_seq = -(-cfg.context // page_size)
-        self.cache = DevicePagedKVCache(batch * per_seq, page_size, self.H, self.d,
-                                        max_batch=batch, max_pages_per_seq=per_seq,
-                                        num_layers=cfg.n_layers, dtype=dtype,
-                                        max_step_tokens=batch * cfg.context,
-                                        device=self.tok.device.index)  # fmt: skip
+        self.cache = DevicePagedKVCache(
+            batch * per_seq,
+            page_size,
+            self.H,
+            self.d,
+            max_batch=batch,
+            max_pages_per_seq=per_seq,
+            num_layers=cfg.n_layers,
+            dtype=dtype,
+            max_step_tokens=batch * cfg.context,
+            device=self.tok.device.index,
+        )
         self.seqs = [self.cache.new_sequence() for _ in range(batch)]
         self.q = torch.empty((batch, self.H, 1, self.d), dtype=self.dt, device=self.tok.device)
         self.plan = self.cache.plan(self.q)

@@ -157,8 +157,15 @@ def train(
     run), ``"first_step_s"``,
     ``"s_per_step"`` (median over the steps after the first five)``}``.
     """
-    return train_in_turn([(attention, seed)], steps=steps, dtype=dtype, device=device,
-                         cfg=cfg, corpus=corpus, keep_model=keep_model)[0]  # fmt: skip
+    return train_in_turn(
+        [(attention, seed)],
+        steps=steps,
+        dtype=dtype,
+        device=device,
+        cfg=cfg,
+        corpus=corpus,
+        keep_model=keep_model,
+    )[0]
 
 
 def train_in_turn(
@@ -190,11 +197,20 @@ def train_in_turn(
     corpus = corpus or CharCorpus(book_text())
     runs = []
     for attention, seed in plan:
-        model, loss_of, update = training_parts(attention, seed=seed, dtype=dtype,
-                                                device=device, cfg=cfg, corpus=corpus)  # fmt: skip
+        model, loss_of, update = training_parts(
+            attention, seed=seed, dtype=dtype, device=device, cfg=cfg, corpus=corpus
+        )
         batches = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=seed)
-        runs.append({"model": model, "loss_of": loss_of, "update": update, "batches": batches,
-                     "losses": [], "seconds": []})  # fmt: skip
+        runs.append(
+            {
+                "model": model,
+                "loss_of": loss_of,
+                "update": update,
+                "batches": batches,
+                "losses": [],
+                "seconds": [],
+            }
+        )
     for i in range(steps):
         for run in runs if i % 2 == 0 else runs[::-1]:
             x, y = next(run["batches"])
@@ -207,20 +223,24 @@ def train_in_turn(
     for (attention, seed), run in zip(plan, runs, strict=True):
         model, loss_of = run["model"], run["loss_of"]
         model.eval()
-        val = corpus.batches(batch_size=cfg.batch_size, context=cfg.context, seed=VAL_SEED,
-                             split="val")  # fmt: skip
+        val = corpus.batches(
+            batch_size=cfg.batch_size, context=cfg.context, seed=VAL_SEED, split="val"
+        )
         with torch.no_grad():
             pairs = zip(range(cfg.eval_batches), val, strict=False)
             val_loss = [loss_of(x, y).item() for _, (x, y) in pairs]
         seconds = run["seconds"]
         timed = sorted(seconds[5:] or seconds)
         kept = {"model": model} if keep_model else {}
-        out.append(kept | {
-            "attention": attention,
-            "seed": seed,
-            "loss": run["losses"],
-            "val_loss": math.fsum(val_loss) / len(val_loss),
-            "first_step_s": seconds[0],
-            "s_per_step": timed[len(timed) // 2],
-        })  # fmt: skip
+        out.append(
+            kept
+            | {
+                "attention": attention,
+                "seed": seed,
+                "loss": run["losses"],
+                "val_loss": math.fsum(val_loss) / len(val_loss),
+                "first_step_s": seconds[0],
+                "s_per_step": timed[len(timed) // 2],
+            }
+        )
     return out

@@ -28,8 +28,10 @@ def test_good_arguments_reach_the_gpu_check(no_cupy):
         fg.flash_attention_backward(*_args(d=128))
 
 
-@pytest.mark.parametrize("which,shape", [("o", (2, 3, 15, 64)), ("do", (2, 3, 16, 32)),
-                                         ("lse", (2, 3, 17)), ("lse", (2, 3, 16, 1))])  # fmt: skip
+@pytest.mark.parametrize(
+    "which,shape",
+    [("o", (2, 3, 15, 64)), ("do", (2, 3, 16, 32)), ("lse", (2, 3, 17)), ("lse", (2, 3, 16, 1))],
+)
 def test_shapes_have_the_cpu_messages(no_cupy, which, shape):
     args = _args()
     index = ["q", "k", "v", "o", "lse", "do"].index(which)
@@ -169,12 +171,24 @@ def test_backward_table_shows_ratios_to_both_baselines(capsys):
     from flashref.bench.backward import print_table
 
     def row(impl, direction, version, tflops):
-        return {"impl": impl, "direction": direction, "version": version, "dtype": "float16",
-                "d": 64, "causal": False, "N": 4096, "tflops": tflops}  # fmt: skip
+        return {
+            "impl": impl,
+            "direction": direction,
+            "version": version,
+            "dtype": "float16",
+            "d": 64,
+            "causal": False,
+            "N": 4096,
+            "tflops": tflops,
+        }
 
-    rows = [row("flashref", "forward", 14, 240.0), row("flashref", "backward", 1, 150.0),
-            row("sdpa_flash", "backward", None, 300.0), row("sdpa_cudnn", "backward", None, 500.0),
-            row("sdpa_flash", "forward", None, 300.0)]  # fmt: skip
+    rows = [
+        row("flashref", "forward", 14, 240.0),
+        row("flashref", "backward", 1, 150.0),
+        row("sdpa_flash", "backward", None, 300.0),
+        row("sdpa_cudnn", "backward", None, 500.0),
+        row("sdpa_flash", "forward", None, 300.0),
+    ]
     print_table({"meta": {"gpu": "a GPU", "timing": "events"}, "rows": rows})
     text = capsys.readouterr().out
     assert "flashref bwd1 " in text and "150.0 (0.50/0.30)" in text  # 150/300, 150/500
@@ -234,14 +248,20 @@ def test_wgmma_backward_refuses_other_gpus_by_name():
     9.0 it passes, and an mma.sync version passes everywhere from 8.0."""
     ver = fg.BWD_VERSIONS[8]
     for cc, name, shown in (("100", b"B200", "10.0"), ("80", b"A100", "8.0")):
-        with pytest.raises(RuntimeError, match=rf"backward version 8 \(wgmma\) is built for "
-                           rf"sm_90a and needs compute capability 9\.0 exactly; this GPU "
-                           rf"\({name.decode()}\) has {re.escape(shown)}"):  # fmt: skip
+        with pytest.raises(
+            RuntimeError,
+            match=rf"backward version 8 \(wgmma\) is built for "
+            rf"sm_90a and needs compute capability 9\.0 exactly; this GPU "
+            rf"\({name.decode()}\) has {re.escape(shown)}",
+        ):
             fg._runtime.check_capability(_fake_cp(cc, name), ver)
     fg._runtime.check_capability(_fake_cp("90", b"H200"), ver)
     fg._runtime.check_capability(_fake_cp("100", b"B200"), fg.BWD_VERSIONS[7])
-    with pytest.raises(RuntimeError, match=r"backward version 7 \(bc64_occupancy\) needs "
-                                           r"compute capability 8\.0 or higher"):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"backward version 7 \(bc64_occupancy\) needs "
+        r"compute capability 8\.0 or higher",
+    ):
         fg._runtime.check_capability(_fake_cp("75", b"T4"), fg.BWD_VERSIONS[7])
 
 
@@ -251,8 +271,9 @@ def test_wgmma_backward_argument_errors_come_before_the_gpu(no_cupy):
     args = _args(d=128)
     with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
         fg.flash_attention_backward(*args, causal=True, version=8)
-    with pytest.raises(ValueError, match="q has head dim d=96; backward version 8 supports d "
-                                         "in 64, 128"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match="q has head dim d=96; backward version 8 supports d in 64, 128"
+    ):
         fg.flash_attention_backward(*_args(d=96), version=8)
     with pytest.raises(TypeError, match="q has dtype float32; flash_attention_backward supports"):
         fg.flash_attention_backward(*_args(dtype="float32"), version=8)
@@ -262,8 +283,9 @@ def test_backward_profile_plan_is_every_version_at_its_head_dims():
     from flashref.bench.profile import main as profile
 
     plan = profile.backward_plan()
-    want = [(f"bwd{n}", d) for d in (64, 128) for n, v in fg.BWD_VERSIONS.items()
-            if d in v.head_dims]  # fmt: skip
+    want = [
+        (f"bwd{n}", d) for d in (64, 128) for n, v in fg.BWD_VERSIONS.items() if d in v.head_dims
+    ]
     assert ("bwd17", 64) in want and ("bwd17", 128) not in want  # built for d = 64 only
     assert [(c["impl"], c["d"]) for c in plan] == want
     assert all(c["dtype"] == "float16" and not c["causal"] for c in plan)
@@ -283,8 +305,11 @@ smsp__warps_active                               Counter    warp   # of warps ac
 def test_available_metrics_keeps_only_names_ncu_lists():
     from flashref.bench.profile.ncu import available_metrics
 
-    want = ["lts__t_sectors_op_red.sum", "smsp__warps_active.avg.per_cycle_active",
-            "smsp__inst_executed_op_global_red.sum"]  # fmt: skip
+    want = [
+        "lts__t_sectors_op_red.sum",
+        "smsp__warps_active.avg.per_cycle_active",
+        "smsp__inst_executed_op_global_red.sum",
+    ]
     have, missing = available_metrics(want, LISTING)
     assert have == want[:2] and missing == want[2:]
     assert available_metrics(want, "") == ([], want)  # an empty listing keeps nothing

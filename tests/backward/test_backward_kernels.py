@@ -65,8 +65,9 @@ def _case(dtype: str, lead, Nq, Nk, d, causal, scale=None):
     seed = zlib.crc32(repr((dtype, lead, Nq, Nk, d, causal, scale)).encode())
     rng = np.random.default_rng(seed)
     dt = _host(dtype)  # bfloat16 is ml_dtypes.bfloat16, as CuPy holds it
-    q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float32).astype(dt)
-               for n in (Nq, Nk, Nk))  # fmt: skip
+    q, k, v = (
+        rng.standard_normal((*lead, n, d)).astype(np.float32).astype(dt) for n in (Nq, Nk, Nk)
+    )
     do = rng.standard_normal((*lead, Nq, d)).astype(np.float32).astype(dt)
     f64 = [x.astype(np.float64) for x in (q, k, v, do)]
     o, lse = naive_attention(*f64[:3], causal=causal, scale=scale, return_lse=True)
@@ -193,8 +194,9 @@ def test_repeatable(cp, ver, dtype, d):
 _PROMISES = [(v, d, n) for v in _versions() for d, n in v.blocks_per_sm]
 
 
-@pytest.mark.parametrize("ver,d,blocks", _PROMISES,
-                         ids=[f"bwd{v.number}-d{d}" for v, d, _ in _PROMISES])  # fmt: skip
+@pytest.mark.parametrize(
+    "ver,d,blocks", _PROMISES, ids=[f"bwd{v.number}-d{d}" for v, d, _ in _PROMISES]
+)
 def test_blocks_per_sm_on_the_device(cp, ver, d, blocks):
     """The blocks per SM a version is built for (``BwdVersion.blocks_per_sm``), as the driver's
     occupancy calculator sees the kernel NVRTC compiled, with its dynamic shared memory."""
@@ -282,8 +284,12 @@ def test_negative_scale_transposed_views_and_empty(cp):
     from flashref.gpu import flash_attention_backward
 
     inputs, ref = _case("float16", (2, 3), 50, 70, 64, True, -0.3)
-    views = [cp.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -2))).swapaxes(0, -2)
-             if x.ndim == 4 else cp.asarray(x) for x in inputs]  # fmt: skip
+    views = [
+        cp.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -2))).swapaxes(0, -2)
+        if x.ndim == 4
+        else cp.asarray(x)
+        for x in inputs
+    ]
     assert not views[0].flags.c_contiguous
     got = [cp.asnumpy(x) for x in flash_attention_backward(*views, causal=True, scale=-0.3)]
     errs = _rel_errs(got, ref)

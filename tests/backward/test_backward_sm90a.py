@@ -38,8 +38,13 @@ from test_forward_sm90a import run_child  # noqa: E402
 from flashref.gpu.backward_versions import BWD_VERSIONS  # noqa: E402
 
 NUMBERS = [n for n, v in BWD_VERSIONS.items() if v.arch == "sm_90a"]
-GROUPS = [(n, dt, d) for n in NUMBERS for dt in base.DTYPES for d in (64, 128)
-          if d in BWD_VERSIONS[n].head_dims]  # fmt: skip
+GROUPS = [
+    (n, dt, d)
+    for n in NUMBERS
+    for dt in base.DTYPES
+    for d in (64, 128)
+    if d in BWD_VERSIONS[n].head_dims
+]
 GROUP_IDS = [f"bwd{n}-{dt}-d{d}" for n, dt, d in GROUPS]
 CASES = [(lead, Nq, Nk, c) for lead, Nq, Nk in base.SHAPES for c in (False, True)]
 REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice, as test_repeatable
@@ -59,13 +64,17 @@ def _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal) -> dict:
     q, k, v, o, _, do = (cp.asarray(x) for x in inputs)
     naive = base._rel_errs(base._naive_same_precision(cp, q, k, v, o, do, causal, scale), ref)
     adds = ver.dq_adds(Nk)  # float32 atomic additions into each dQ element (2 per key tile)
-    tols = [backward_tolerance(dtype, naive[i], adds if name == "dq" else 0)
-            for i, name in enumerate(NAMES)]  # fmt: skip
+    tols = [
+        backward_tolerance(dtype, naive[i], adds if name == "dq" else 0)
+        for i, name in enumerate(NAMES)
+    ]
     return {
         "nan": [int(np.isnan(np.asarray(x, np.float32)).sum()) for x in got],
-        "errs": errs, "naive": naive, "tols": tols,
+        "errs": errs,
+        "naive": naive,
+        "tols": tols,
         "worst": [base._worst(x, r) for x, r in zip(got, ref, strict=True)],
-    }  # fmt: skip
+    }
 
 
 def _check_repeat(cp, ver, dtype, d) -> dict:
@@ -78,8 +87,9 @@ def _check_repeat(cp, ver, dtype, d) -> dict:
     return {
         "dk_bits_differ": int((a[1].view(np.uint16) != b[1].view(np.uint16)).sum()),
         "dv_bits_differ": int((a[2].view(np.uint16) != b[2].view(np.uint16)).sum()),
-        "dq_max_diff": float(np.abs(x - y).max()), "dq_unit": unit,
-    }  # fmt: skip
+        "dq_max_diff": float(np.abs(x - y).max()),
+        "dq_unit": unit,
+    }
 
 
 def _check_api(cp, number: int, dtype: str, d: int) -> dict:
@@ -90,8 +100,12 @@ def _check_api(cp, number: int, dtype: str, d: int) -> dict:
 
     out = {}
     inputs, ref = base._case(dtype, (2, 3), 50, 70, d, True, -0.3)
-    views = [cp.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -2))).swapaxes(0, -2)
-             if x.ndim == 4 else cp.asarray(x) for x in inputs]  # fmt: skip
+    views = [
+        cp.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -2))).swapaxes(0, -2)
+        if x.ndim == 4
+        else cp.asarray(x)
+        for x in inputs
+    ]
     got = flash_attention_backward(*views, causal=True, scale=-0.3, version=number)
     out["views_negative_scale"] = base._rel_errs([cp.asnumpy(x) for x in got], ref)
 
@@ -120,16 +134,22 @@ def _child(number: int, dtype: str, d: int) -> None:
 
     cp = require_gpu()
     ver = BWD_VERSIONS[number]
-    jobs = [([list(case[0]), *case[1:]], lambda a=case: _check_case(cp, ver, dtype, d, *a))
-            for case in CASES]  # fmt: skip
-    jobs += [("repeat", lambda: _check_repeat(cp, ver, dtype, d)),
-             ("api", lambda: _check_api(cp, number, dtype, d))]  # fmt: skip
+    jobs = [
+        ([list(case[0]), *case[1:]], lambda a=case: _check_case(cp, ver, dtype, d, *a))
+        for case in CASES
+    ]
+    jobs += [
+        ("repeat", lambda: _check_repeat(cp, ver, dtype, d)),
+        ("api", lambda: _check_api(cp, number, dtype, d)),
+    ]
     for key, job in jobs:
         try:
             res = job()
         except Exception as exc:  # the case's own failure, named; a CUDA error ends the child
-            print(json.dumps({"case": key, "error": f"{type(exc).__name__}: {exc}"[:2000]}),
-                  flush=True)  # fmt: skip
+            print(
+                json.dumps({"case": key, "error": f"{type(exc).__name__}: {exc}"[:2000]}),
+                flush=True,
+            )
             if "cuda" in type(exc).__module__:  # cupy.cuda..., cupy_backends.cuda...
                 raise
             continue
@@ -147,11 +167,15 @@ def hopper(request) -> frozenset:
     cp = require_gpu()
     cc = cp.cuda.Device().compute_capability
     if cc != "90":
-        pytest.skip(f"backward versions {NUMBERS} need compute capability 9.0 (sm_90a); "
-                    f"this GPU is {cc}")  # fmt: skip
+        pytest.skip(
+            f"backward versions {NUMBERS} need compute capability 9.0 (sm_90a); this GPU is {cc}"
+        )
     here = Path(__file__).resolve()
-    params = [it.callspec.params for it in request.session.items
-              if Path(it.path).resolve() == here and hasattr(it, "callspec")]  # fmt: skip
+    params = [
+        it.callspec.params
+        for it in request.session.items
+        if Path(it.path).resolve() == here and hasattr(it, "callspec")
+    ]
     return frozenset((p["number"], p["dtype"], p["d"]) for p in params if "number" in p)
 
 
@@ -161,8 +185,9 @@ def _groups(selected: frozenset) -> dict:
     groups = [g for g in GROUPS if g in selected]
     script = str(Path(__file__).resolve())
     with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        done = pool.map(lambda g: run_child([sys.executable, script, *map(str, g)], TIMEOUT_S),
-                        groups)  # fmt: skip
+        done = pool.map(
+            lambda g: run_child([sys.executable, script, *map(str, g)], TIMEOUT_S), groups
+        )
         return dict(zip(groups, done, strict=True))
 
 
@@ -175,8 +200,9 @@ def _result(selected, number, dtype, d, key):
     return results[key]
 
 
-@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
-                                                          for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}" for c in CASES]
+)
 @pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
 def test_bwd_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
     r = _result(hopper, number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
@@ -186,8 +212,10 @@ def test_bwd_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causa
         if r["nan"][i]:
             problems.append(f"{name}: {r['nan'][i]} NaN elements (unwritten?); {r['worst'][i]}")
         elif not r["errs"][i] <= r["tols"][i]:  # NaN fails
-            problems.append(f"{name}: rel err {r['errs'][i]:.3e} > tol {r['tols'][i]:.3e} "
-                            f"(naive {dtype} {r['naive'][i]:.3e}); {r['worst'][i]}")  # fmt: skip
+            problems.append(
+                f"{name}: rel err {r['errs'][i]:.3e} > tol {r['tols'][i]:.3e} "
+                f"(naive {dtype} {r['naive'][i]:.3e}); {r['worst'][i]}"
+            )
     assert not problems, f"{what}:\n  " + "\n  ".join(problems)
 
 

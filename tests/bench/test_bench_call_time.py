@@ -14,14 +14,19 @@ CUDA, CPU = "cuda", "cpu"
 
 
 def _event(name, us, device=CUDA):
-    return SimpleNamespace(name=name, device_type=device,
-                           time_range=SimpleNamespace(elapsed_us=lambda: us))  # fmt: skip
+    return SimpleNamespace(
+        name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us)
+    )
 
 
 def test_kernel_time_sums_the_kernels_only():
-    events = [_event("decode_split_kv_v6", 19.5), _event("decode_combine_v3", 1.75),
-              _event("Memcpy HtoD (Pageable -> Device)", 3.0), _event("Memset (Device)", 1.0),
-              _event("aten::empty", 50.0, CPU)]  # fmt: skip
+    events = [
+        _event("decode_split_kv_v6", 19.5),
+        _event("decode_combine_v3", 1.75),
+        _event("Memcpy HtoD (Pageable -> Device)", 3.0),
+        _event("Memset (Device)", 1.0),
+        _event("aten::empty", 50.0, CPU),
+    ]
     assert call_time.kernel_sum_us(events, CUDA) == 21.25
     assert call_time.kernel_sum_us([_event("Memset (Device)", 1.0)], CUDA) is None
 
@@ -37,9 +42,17 @@ def test_host_time_is_the_median_of_calls_each_synchronised(monkeypatch):
 
 def test_kernel_rows_are_the_default_versions_and_sdpa():
     assert bench.kernel_impls([1, 2, 3, 4, 5, 6, 7], cc=(9, 0)) == {
-        "flashref_v7", "flashref_paged_v7", "sdpa_flash", "sdpa_cudnn"}  # fmt: skip
+        "flashref_v7",
+        "flashref_paged_v7",
+        "sdpa_flash",
+        "sdpa_cudnn",
+    }
     assert bench.kernel_impls([1, 3], cc=(8, 0)) == {
-        "flashref_v3", "flashref_paged_v3", "sdpa_flash", "sdpa_cudnn"}  # fmt: skip
+        "flashref_v3",
+        "flashref_paged_v3",
+        "sdpa_flash",
+        "sdpa_cudnn",
+    }
     assert bench.kernel_impls([1], cc=(9, 0)) == {"sdpa_flash", "sdpa_cudnn"}
 
 
@@ -47,15 +60,51 @@ def test_table_shows_host_and_kernel_times(tmp_path, capsys):
     meta = {"gpu": "G", "hbm_read_gbps": 4000.0, "hbm_copy_gbps": 3000.0, "sm_count": 132}
     base = {"dtype": "float16", "d": 128, "B": 1, "Hq": 32, "Hkv": 8, "Nq": 1, "Nk": 4096}
     rows = [
-        {**base, "impl": "flashref_v6", "gbps": 900.0, "num_splits": 8, "note": None,
-         "ratio_to_cudnn": 0.9, "fraction_of_read": 0.2, "host_us": 41.25, "kernel_us": 9.125},
-        {**base, "impl": "flashref_v2", "gbps": 800.0, "num_splits": 8, "note": None,
-         "ratio_to_cudnn": 0.8, "fraction_of_read": 0.2, "host_us": 40.0, "kernel_us": None},
-        {**base, "impl": "sdpa_cudnn", "gbps": 1000.0, "num_splits": None, "note": None,
-         "ratio_to_cudnn": 1.0, "fraction_of_read": 0.25, "host_us": 52.0, "kernel_us": 9.0},
-        {**base, "impl": "sdpa_math", "gbps": None, "num_splits": None, "note": "refused: X",
-         "ratio_to_cudnn": None, "fraction_of_read": None, "host_us": None, "kernel_us": None},
-    ]  # fmt: skip
+        {
+            **base,
+            "impl": "flashref_v6",
+            "gbps": 900.0,
+            "num_splits": 8,
+            "note": None,
+            "ratio_to_cudnn": 0.9,
+            "fraction_of_read": 0.2,
+            "host_us": 41.25,
+            "kernel_us": 9.125,
+        },
+        {
+            **base,
+            "impl": "flashref_v2",
+            "gbps": 800.0,
+            "num_splits": 8,
+            "note": None,
+            "ratio_to_cudnn": 0.8,
+            "fraction_of_read": 0.2,
+            "host_us": 40.0,
+            "kernel_us": None,
+        },
+        {
+            **base,
+            "impl": "sdpa_cudnn",
+            "gbps": 1000.0,
+            "num_splits": None,
+            "note": None,
+            "ratio_to_cudnn": 1.0,
+            "fraction_of_read": 0.25,
+            "host_us": 52.0,
+            "kernel_us": 9.0,
+        },
+        {
+            **base,
+            "impl": "sdpa_math",
+            "gbps": None,
+            "num_splits": None,
+            "note": "refused: X",
+            "ratio_to_cudnn": None,
+            "fraction_of_read": None,
+            "host_us": None,
+            "kernel_us": None,
+        },
+    ]
     bench.print_table({"meta": meta, "rows": rows})
     out = capsys.readouterr().out
     assert "# microseconds per call: host time / kernel time" in out
@@ -67,8 +116,12 @@ def test_table_shows_host_and_kernel_times(tmp_path, capsys):
 
 
 def test_meta_states_both_rules():
-    cp = SimpleNamespace(__version__="x", cuda=SimpleNamespace(runtime=SimpleNamespace(
-        driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 13000)))  # fmt: skip
+    cp = SimpleNamespace(
+        __version__="x",
+        cuda=SimpleNamespace(
+            runtime=SimpleNamespace(driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 13000)
+        ),
+    )
     meta = bench._meta(cp, None, {"gpu": "G", "sm_count": 132}, 4000.0, 3000.0, [6])
     assert "perf_counter" in meta["host_rule"] and f"{bench.HOST_CALLS} calls" in meta["host_rule"]
     assert "torch.profiler" in meta["kernel_rule"] and "copies and memsets" in meta["kernel_rule"]

@@ -50,10 +50,20 @@ def test_a_kernel_before_any_marker_is_an_error():
 
 
 def test_io_row_has_the_schema_of_the_io_chapter():
-    case = {"impl": "v14", "N": 4096, "B": 8, "H": 16, "d": 64, "causal": False,
-            "dtype": "float16", "kernels": 1, "dram__bytes_read.sum": 1.0,
-            "dram__bytes_write.sum": 2.0, "lts__t_bytes.sum": 3.0,
-            "gpu__time_duration.sum": 2.5e6}  # fmt: skip
+    case = {
+        "impl": "v14",
+        "N": 4096,
+        "B": 8,
+        "H": 16,
+        "d": 64,
+        "causal": False,
+        "dtype": "float16",
+        "kernels": 1,
+        "dram__bytes_read.sum": 1.0,
+        "dram__bytes_write.sum": 2.0,
+        "lts__t_bytes.sum": 3.0,
+        "gpu__time_duration.sum": 2.5e6,
+    }
     row = profile.io_row(case)
     assert row["ms"] == 2.5 and row["label"] == "flashref v14" and row["paper_shape"] is False
     assert (row["dram_read_bytes"], row["dram_write_bytes"], row["l2_bytes"]) == (1.0, 2.0, 3.0)
@@ -101,8 +111,13 @@ def test_recorded_files_carry_their_provenance():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "results"
-    for name in ("gpu_bench.json", "gpu_profile.json", "gpu_io.json", "gpu_cold.json",
-                 "gpu_stall_sampling.json"):  # fmt: skip
+    for name in (
+        "gpu_bench.json",
+        "gpu_profile.json",
+        "gpu_io.json",
+        "gpu_cold.json",
+        "gpu_stall_sampling.json",
+    ):
         meta = json.loads((root / name).read_text())["meta"]
         assert meta["gpu"] and meta["date"] and meta["cupy"], name
     bench = json.loads((root / "gpu_bench.json").read_text())["meta"]

@@ -41,17 +41,40 @@ def test_graph_calls_are_whole_passes_over_the_sets(kv_bytes):
 
 def test_table_shows_the_graph_rows(capsys):
     meta = {"gpu": "G", "hbm_read_gbps": 4000.0, "hbm_copy_gbps": 3000.0, "sm_count": 132}
-    base = {"dtype": "float16", "d": 128, "B": 1, "Hq": 32, "Hkv": 8, "Nq": 1, "Nk": 4096,
-            "num_splits": None, "note": None, "ratio_to_cudnn": 1.0, "fraction_of_read": 0.2,
-            "host_us": None, "kernel_us": None, "gbps": 800.0}  # fmt: skip
+    base = {
+        "dtype": "float16",
+        "d": 128,
+        "B": 1,
+        "Hq": 32,
+        "Hkv": 8,
+        "Nq": 1,
+        "Nk": 4096,
+        "num_splits": None,
+        "note": None,
+        "ratio_to_cudnn": 1.0,
+        "fraction_of_read": 0.2,
+        "host_us": None,
+        "kernel_us": None,
+        "gbps": 800.0,
+    }
     rows = [
-        {**base, "impl": "flashref_v6", "graph_gbps": 2100.0, "graph_ratio_to_cudnn": 1.05,
-         "graph_fraction_of_read": 0.525},
+        {
+            **base,
+            "impl": "flashref_v6",
+            "graph_gbps": 2100.0,
+            "graph_ratio_to_cudnn": 1.05,
+            "graph_fraction_of_read": 0.525,
+        },
         {**base, "impl": "flashref_paged_v6", "graph_gbps": None},
-        {**base, "impl": "sdpa_cudnn", "graph_gbps": 2000.0, "graph_ratio_to_cudnn": 1.0,
-         "graph_fraction_of_read": 0.5},
+        {
+            **base,
+            "impl": "sdpa_cudnn",
+            "graph_gbps": 2000.0,
+            "graph_ratio_to_cudnn": 1.0,
+            "graph_fraction_of_read": 0.5,
+        },
         {**base, "impl": "sdpa_flash", "graph_gbps": None, "graph_note": "RuntimeError: no"},
-    ]  # fmt: skip
+    ]
     bench.print_table({"meta": meta, "rows": rows})
     out = capsys.readouterr().out
     graph = out[out.index("# replayed from a CUDA graph") :]
@@ -93,8 +116,9 @@ def _fake_torch(monkeypatch, calls):
         return "O"
 
     attention.sdpa_kernel = sdpa_kernel
-    torch.nn = types.SimpleNamespace(functional=types.SimpleNamespace(
-        scaled_dot_product_attention=sdpa), attention=attention)  # fmt: skip
+    torch.nn = types.SimpleNamespace(
+        functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa), attention=attention
+    )
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "torch.nn", torch.nn)
     monkeypatch.setitem(sys.modules, "torch.nn.attention", attention)
@@ -102,16 +126,21 @@ def _fake_torch(monkeypatch, calls):
 
 @pytest.mark.parametrize(
     ("how", "k_shape", "k_tag", "gqa"),
-    [("enable_gqa", (2, 8, 64, 16), "k", True), ("plain", (2, 8, 64, 16), "k", False),
-     ("repeated", (2, 32, 64, 16), "kx4", False)],
-)  # fmt: skip
+    [
+        ("enable_gqa", (2, 8, 64, 16), "k", True),
+        ("plain", (2, 8, 64, 16), "k", False),
+        ("repeated", (2, 32, 64, 16), "kx4", False),
+    ],
+)
 def test_sdpa_decode_calls_the_backend_with_the_grouping(monkeypatch, how, k_shape, k_tag, gqa):
     from types import SimpleNamespace
 
     calls = []
     _fake_torch(monkeypatch, calls)
-    q, k, v = (SimpleNamespace(shape=s, tag=t) for s, t in
-               (((2, 32, 1, 16), "q"), ((2, 8, 64, 16), "k"), ((2, 8, 64, 16), "v")))  # fmt: skip
+    q, k, v = (
+        SimpleNamespace(shape=s, tag=t)
+        for s, t in (((2, 32, 1, 16), "q"), ((2, 8, 64, 16), "k"), ((2, 8, 64, 16), "v"))
+    )
     run = bench.sdpa_decode(q, k, v, backend="CUDNN_ATTENTION", how=how)
     assert calls == []  # made, not yet called: the repeat (if any) is done, outside the call
     assert run() == "O" and run() == "O"

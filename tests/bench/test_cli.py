@@ -18,8 +18,14 @@ SUBCOMMANDS = tuple(TARGETS)  # every program of the harness
 
 
 def _run(*args, env=None):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_help_lists_the_subcommands_and_exits_0():
@@ -33,8 +39,9 @@ def test_help_lists_the_subcommands_and_exits_0():
     assert bad.returncode == 2 and "unknown subcommand 'nope'" in bad.stderr
 
 
-@pytest.mark.parametrize("args", [("flashref.bench", s) for s in SUBCOMMANDS],
-                         ids=lambda a: " ".join(a))  # fmt: skip
+@pytest.mark.parametrize(
+    "args", [("flashref.bench", s) for s in SUBCOMMANDS], ids=lambda a: " ".join(a)
+)
 def test_every_command_shows_its_defaults(args):
     proc = _run(*args, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -42,11 +49,18 @@ def test_every_command_shows_its_defaults(args):
 
 
 @pytest.mark.skipif(available(), reason="this machine has a GPU: the commands would run")
-@pytest.mark.parametrize("args", [("flashref.bench", "gpu"), ("flashref.bench", "decode"),
-                                  ("flashref.bench", "calls"), ("flashref.bench", "roofs"),
-                                  ("flashref.bench", "selfcheck"),
-                                  ("flashref.bench", "host_profile")],
-                         ids=lambda a: " ".join(a))  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("flashref.bench", "gpu"),
+        ("flashref.bench", "decode"),
+        ("flashref.bench", "calls"),
+        ("flashref.bench", "roofs"),
+        ("flashref.bench", "selfcheck"),
+        ("flashref.bench", "host_profile"),
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_without_a_gpu_one_line_says_what_is_missing(args):
     proc = _run(*args)
     assert proc.returncode == 3, proc.stdout + proc.stderr

@@ -21,13 +21,18 @@ def test_hopper_plan_is_v14_the_sm90a_versions_and_cudnn_at_both_d_and_masks():
     plan = profile_hopper.hopper_plan()
 
     def sm90a(d):
-        return [f"v{v.number}" for v in fg.VERSIONS.values()
-                if v.arch == "sm_90a" and d in v.head_dims]  # fmt: skip
+        return [
+            f"v{v.number}" for v in fg.VERSIONS.values() if v.arch == "sm_90a" and d in v.head_dims
+        ]
 
     assert sm90a(64) and sm90a(128), "no sm_90a version registered"
     assert sm90a(64) != sm90a(128), "expected a version that offers d = 64 only (v24)"
-    want = [(i, d, c) for d in (64, 128) for c in (False, True)
-            for i in ["v14", *sm90a(d), "sdpa_cudnn"]]  # fmt: skip
+    want = [
+        (i, d, c)
+        for d in (64, 128)
+        for c in (False, True)
+        for i in ["v14", *sm90a(d), "sdpa_cudnn"]
+    ]
     assert [(r["impl"], r["d"], r["causal"]) for r in plan] == want
     assert all((r["B"], r["H"], r["N"], r["dtype"]) == (8, 16, 4096, "float16") for r in plan)
     only = profile_hopper.hopper_plan([21])
@@ -41,9 +46,15 @@ def test_profile_hopper_keeps_listed_counters_and_prints_the_tensor_pipe(
 
     def fake_profile(plan, metrics):
         seen["metrics"] = metrics
-        return [{**c, "kernels": 1, profile_hopper.GMMA: 61.5,
-                 "stalls_per_issue": {"wait": 0.5, "barrier": 2.25, "math": 0.1}}
-                for c in plan]  # fmt: skip
+        return [
+            {
+                **c,
+                "kernels": 1,
+                profile_hopper.GMMA: 61.5,
+                "stalls_per_issue": {"wait": 0.5, "barrier": 2.25, "math": 0.1},
+            }
+            for c in plan
+        ]
 
     def fake_run(cmd, **kwargs):
         assert cmd == ["ncu", "--query-metrics"], cmd

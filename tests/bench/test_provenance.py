@@ -22,13 +22,24 @@ from flashref.bench import provenance
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 # recorded before results files carried source hashes: re-record one to take it off
-RECORDED_BEFORE_HASHES = frozenset({
-    "gpu_bench.json", "gpu_cold.json",
-    "gpu_decode.json", "gpu_decode_profile.json", "gpu_decode_profile_v7.json",
-    "gpu_decode_splits.json", "gpu_decode_splits_d64.json", "gpu_hopper.json",
-    "gpu_hopper_profile.json", "gpu_io.json", "gpu_profile.json", "gpu_stall_sampling.json",
-    "gpu_stall_sampling_v27.json", "gpu_stall_sampling_v29.json",
-})  # fmt: skip
+RECORDED_BEFORE_HASHES = frozenset(
+    {
+        "gpu_bench.json",
+        "gpu_cold.json",
+        "gpu_decode.json",
+        "gpu_decode_profile.json",
+        "gpu_decode_profile_v7.json",
+        "gpu_decode_splits.json",
+        "gpu_decode_splits_d64.json",
+        "gpu_hopper.json",
+        "gpu_hopper_profile.json",
+        "gpu_io.json",
+        "gpu_profile.json",
+        "gpu_stall_sampling.json",
+        "gpu_stall_sampling_v27.json",
+        "gpu_stall_sampling_v29.json",
+    }
+)
 
 FILES = sorted(p.name for p in RESULTS.glob("*.json"))
 
@@ -79,8 +90,11 @@ def test_every_registered_version_has_a_hash_and_tree_picks_the_measured_ones(mo
     from flashref.gpu.forward_versions import VERSIONS
 
     hashes = provenance.current_hashes()
-    want = ({f"forward/{n}" for n in VERSIONS} | {f"backward/{n}" for n in BWD_VERSIONS}
-            | {f"decode/{n}" for n in DECODE})  # fmt: skip
+    want = (
+        {f"forward/{n}" for n in VERSIONS}
+        | {f"backward/{n}" for n in BWD_VERSIONS}
+        | {f"decode/{n}" for n in DECODE}
+    )
     assert set(hashes) == want
     monkeypatch.setenv("FLASHREF_COMMIT", "0" * 40)
     t = provenance.tree(forward=[29], backward="all", decode=[7])

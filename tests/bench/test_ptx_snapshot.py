@@ -14,8 +14,9 @@ def test_every_version_of_every_family_is_built():
     labels = [label for label, _, _ in ps.builds()]
     assert len(labels) == len(set(labels))
     for n, v in VERSIONS.items():
-        want = sum(len([d for d in (64, 128) if d in v.head_dims]) + (dt == "float32")
-                   for dt in v.dtypes)  # fmt: skip
+        want = sum(
+            len([d for d in (64, 128) if d in v.head_dims]) + (dt == "float32") for dt in v.dtypes
+        )
         assert sum(label.startswith(f"fwd{n:02d}_") for label in labels) == want, n
     for n, v in BWD_VERSIONS.items():  # both dtypes at each head dim the version takes
         want = 2 * len([d for d in (64, 128) if d in v.head_dims])

@@ -34,8 +34,11 @@ def _public(module) -> set[str]:
 def _torch_public() -> set[str]:
     """flashref.torch's public functions, read from its source (torch may be absent)."""
     tree = ast.parse((ROOT / "flashref" / "torch.py").read_text())
-    listed = next(n.value for n in tree.body if isinstance(n, ast.Assign)
-                  and getattr(n.targets[0], "id", "") == "__all__")  # fmt: skip
+    listed = next(
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+    )
     names = {e.value for e in listed.elts}
     plain = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.decorator_list}
     return {f"flashref.torch.{n}" for n in names & plain}

@@ -12,8 +12,10 @@ from flashref.gpu.decode.versions import VERSIONS as DECODE_VERSIONS
 from flashref.gpu.forward_versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
-         "fourteen fifteen sixteen seventeen eighteen nineteen twenty").split()  # fmt: skip
+WORDS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen "
+    "fourteen fifteen sixteen seventeen eighteen nineteen twenty"
+).split()
 TENS = {"twenty": 20, "thirty": 30, "forty": 40}
 
 
@@ -35,8 +37,12 @@ def intro() -> str:
 
 def test_number_words():
     assert [number(w) for w in ("seven", "twelve", "thirty", "twenty-eight", "3")] == [
-        7, 12, 30, 28, 3
-    ]  # fmt: skip
+        7,
+        12,
+        30,
+        28,
+        3,
+    ]
 
 
 def test_readme_counts_the_forward_versions_and_the_hopper_ones():

@@ -75,11 +75,19 @@ def test_every_causal_spelling_is_taken_where_it_is_the_computed_mask(fn):
         np.testing.assert_array_equal(fn(q, k, v, causal=spelling), want)
     q5, k7, v7 = qkv(Nq=5, Nk=7)
     np.testing.assert_array_equal(fn(q5, k7, v7, causal="top_left"), fn(q5, k7, v7, causal=True))
-    raises(ValueError, lambda: fn(q5, k7, v7, causal="bottom_right"),
-           "causal='bottom_right'", "(here Nq = 5, Nk = 7)", f"the mask of {fn.__name__} is "
-           "top-left", "paged_attention")  # fmt: skip
-    raises(ValueError, lambda: fn(q5, k7, v7, causal="bottom-right"),
-           "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom-r")  # fmt: skip
+    raises(
+        ValueError,
+        lambda: fn(q5, k7, v7, causal="bottom_right"),
+        "causal='bottom_right'",
+        "(here Nq = 5, Nk = 7)",
+        f"the mask of {fn.__name__} is top-left",
+        "paged_attention",
+    )
+    raises(
+        ValueError,
+        lambda: fn(q5, k7, v7, causal="bottom-right"),
+        "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom-r",
+    )
 
 
 @by_name

@@ -38,9 +38,15 @@ def elements(traffic: io.Traffic, itemsize=2, stat_itemsize=4):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.integers(1, 90), st.integers(1, 90), st.integers(1, 9), st.integers(1, 9),
-    st.integers(1, 50), st.integers(1, 50), st.booleans(), st.sampled_from(list(WALKS)),
-)  # fmt: skip
+    st.integers(1, 90),
+    st.integers(1, 90),
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.integers(1, 50),
+    st.integers(1, 50),
+    st.booleans(),
+    st.sampled_from(list(WALKS)),
+)
 def test_walk_equals_closed_form(Nq, Nk, d, dv, Br, Bc, causal, order):
     walk, formula, _ = WALKS[order]
     kw = dict(Br=Br, Bc=Bc, itemsize=2, stat_itemsize=4, causal=causal)
@@ -68,10 +74,14 @@ def loads_by_library(fn, q, k, v, **kwargs):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "Nq, Nk, d, dv, Br, Bc",
-    [(100, 70, 8, 5, 32, 24), (70, 100, 8, 5, 16, 48), (1, 1, 1, 1, 1, 1),
-     (333, 517, 16, 16, 64, 64),
-     (50, 50, 4, 4, 64, 7)],
-)  # fmt: skip
+    [
+        (100, 70, 8, 5, 32, 24),
+        (70, 100, 8, 5, 16, 48),
+        (1, 1, 1, 1, 1, 1),
+        (333, 517, 16, 16, 64, 64),
+        (50, 50, 4, 4, 64, 7),
+    ],
+)
 def test_walk_loads_what_the_library_loads(order, causal, Nq, Nk, d, dv, Br, Bc):
     walk, _, library = WALKS[order]
     rng = np.random.default_rng(0)
@@ -128,8 +138,10 @@ def test_more_on_chip_memory_never_moves_more_bytes_when_doubled(order, causal):
 )
 def test_traffic_is_monotone_in_every_step_of_M(order, causal):
     N, d = 1000, 64
-    totals = [io.flash_traffic(N, N, d, M, order=order, causal=causal).total_bytes
-              for M in range(4 * d * 2, 4 * N * d * 2 + 1, 2 * d)]  # fmt: skip
+    totals = [
+        io.flash_traffic(N, N, d, M, order=order, causal=causal).total_bytes
+        for M in range(4 * d * 2, 4 * N * d * 2 + 1, 2 * d)
+    ]
     assert all(b <= a for a, b in zip(totals, totals[1:], strict=False))
 
 
@@ -263,20 +275,42 @@ def fixture_row(impl, N, B, H=16, d=64, dram_scale=1.025, l2_scale=1.5):
     else:
         model = io.gpu_traffic(N, N, d, Br=128, heads=heads, l2_bytes=50_000_000)
         dram, l2 = model.dram.total_bytes, model.l2.total_bytes
-    return {"impl": impl, "label": impl, "N": N, "B": B, "H": H, "d": d, "causal": False,
-            "dtype": "float16", "kernels": 1, "dram_read_bytes": 0.75 * dram,
-            "dram_write_bytes": (dram_scale - 0.75) * dram, "l2_bytes": l2_scale * l2,
-            "ms": 1.0 if impl != "v10" else None}  # fmt: skip
+    return {
+        "impl": impl,
+        "label": impl,
+        "N": N,
+        "B": B,
+        "H": H,
+        "d": d,
+        "causal": False,
+        "dtype": "float16",
+        "kernels": 1,
+        "dram_read_bytes": 0.75 * dram,
+        "dram_write_bytes": (dram_scale - 0.75) * dram,
+        "l2_bytes": l2_scale * l2,
+        "ms": 1.0 if impl != "v10" else None,
+    }
 
 
 def fixture(tmp_path, rows=None) -> Path:
     """A small file in the schema of results/gpu_io.json, written here. Not a measurement."""
-    meta = {"gpu": "test fixture", "driver": "0", "ncu": "0", "cupy": "0", "torch": None,
-            "date": "2000-01-01", "clock_control": "none", "sm_clock_mhz": 1.0,
-            "l2_cache_bytes": 50_000_000}  # fmt: skip
+    meta = {
+        "gpu": "test fixture",
+        "driver": "0",
+        "ncu": "0",
+        "cupy": "0",
+        "torch": None,
+        "date": "2000-01-01",
+        "clock_control": "none",
+        "sm_clock_mhz": 1.0,
+        "l2_cache_bytes": 50_000_000,
+    }
     if rows is None:
-        rows = [fixture_row("naive_cupy_fp16", 1024, 32), fixture_row("v10", 1024, 32),
-                fixture_row("v10", 2048, 16)]  # fmt: skip
+        rows = [
+            fixture_row("naive_cupy_fp16", 1024, 32),
+            fixture_row("v10", 1024, 32),
+            fixture_row("v10", 2048, 16),
+        ]
     path = tmp_path / "gpu_io.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}))
     return path

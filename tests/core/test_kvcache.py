@@ -406,10 +406,16 @@ def test_bad_paged_attention_arguments_are_refused_before_any_work():
         "causal='bottom_right'",
     )
     expect(ValueError, lambda: call(q, cache, [s], causal=np.True_), "top-left")
-    expect(ValueError, lambda: call(q, cache, [s], causal="top_left"),
-           "causal='top_left' is the top-left mask")  # fmt: skip
-    expect(ValueError, lambda: call(q, cache, [s], causal="bottom"),
-           "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom'")  # fmt: skip
+    expect(
+        ValueError,
+        lambda: call(q, cache, [s], causal="top_left"),
+        "causal='top_left' is the top-left mask",
+    )
+    expect(
+        ValueError,
+        lambda: call(q, cache, [s], causal="bottom"),
+        "causal must be False, True, 'top_left' or 'bottom_right', got 'bottom'",
+    )
     expect(
         TypeError,
         lambda: call(q, cache, [s], causal=None),
@@ -494,8 +500,11 @@ def test_page_table_reserves_all_or_nothing():
     t.lengths[b] = 4  # b's page is full
     with pytest.raises(CacheFullError) as info:
         t.reserve({a: 13, b: 1})  # one more page each: 2 > 1 free
-    for needle in ("sequence 0 (0 tokens) needs 1 more pages of 4 tokens for 13 new ones",
-                   "(2 for the 2 sequences of the step)", "1 of 5 are free"):  # fmt: skip
+    for needle in (
+        "sequence 0 (0 tokens) needs 1 more pages of 4 tokens for 13 new ones",
+        "(2 for the 2 sequences of the step)",
+        "1 of 5 are free",
+    ):
         assert needle in str(info.value), (needle, str(info.value))
     assert t.block_tables == {a: [0, 1, 2], b: [3]} and t.num_free_pages == 1
     assert t.reserve({a: 12}) == {}  # 12 tokens fit in a's 3 pages: nothing new

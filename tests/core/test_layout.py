@@ -192,12 +192,29 @@ def test_no_upward_import():
 # The package root holds the NumPy core and the public adapter (torch); everything else is a
 # subpackage named for what it is.
 ROOT_MODULES = {
-    "__init__", "_checks", "_blas_flags", "softmax", "state", "attention", "backward", "decode",
-    "kvcache", "io_model", "tile_trace", "torch",
-}  # fmt: skip
+    "__init__",
+    "_checks",
+    "_blas_flags",
+    "softmax",
+    "state",
+    "attention",
+    "backward",
+    "decode",
+    "kvcache",
+    "io_model",
+    "tile_trace",
+    "torch",
+}
 ROOT_PACKAGES = {
-    "ring", "exercises", "hardware", "gpu", "kernels", "recorded", "transformer", "bench",
-}  # fmt: skip
+    "ring",
+    "exercises",
+    "hardware",
+    "gpu",
+    "kernels",
+    "recorded",
+    "transformer",
+    "bench",
+}
 CORE = tuple(sorted(ROOT_MODULES - {"__init__", "torch"}))
 
 # (layer, what it must not import): each layer imports only the ones below it. From the

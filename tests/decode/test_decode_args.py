@@ -134,13 +134,34 @@ def test_bench_decode_table_and_json_keys(tmp_path, capsys):
     meta = {"gpu": "G", "hbm_read_gbps": 4000.0, "hbm_copy_gbps": 3000.0, "sm_count": 132}
     base = {"dtype": "float16", "d": 128, "B": 1, "Hq": 32, "Hkv": 8, "Nq": 1, "Nk": 4096}
     rows = [
-        {**base, "impl": "flashref", "gbps": 3000.0, "num_splits": 8, "note": None,
-         "ratio_to_cudnn": 1.5, "fraction_of_read": 0.75},
-        {**base, "impl": "sdpa_cudnn", "gbps": 2000.0, "num_splits": None, "note": None,
-         "ratio_to_cudnn": 1.0, "fraction_of_read": 0.5},
-        {**base, "impl": "sdpa_math", "gbps": None, "num_splits": None, "note": "refused: X",
-         "ratio_to_cudnn": None, "fraction_of_read": None},
-    ]  # fmt: skip
+        {
+            **base,
+            "impl": "flashref",
+            "gbps": 3000.0,
+            "num_splits": 8,
+            "note": None,
+            "ratio_to_cudnn": 1.5,
+            "fraction_of_read": 0.75,
+        },
+        {
+            **base,
+            "impl": "sdpa_cudnn",
+            "gbps": 2000.0,
+            "num_splits": None,
+            "note": None,
+            "ratio_to_cudnn": 1.0,
+            "fraction_of_read": 0.5,
+        },
+        {
+            **base,
+            "impl": "sdpa_math",
+            "gbps": None,
+            "num_splits": None,
+            "note": "refused: X",
+            "ratio_to_cudnn": None,
+            "fraction_of_read": None,
+        },
+    ]
     bench.print_table({"meta": meta, "rows": rows})
     out = capsys.readouterr().out
     assert "3000 (1.50, 0.75)" in out and "2000 (1.00, 0.50)" in out
@@ -237,9 +258,13 @@ def test_decode_profile_plan_and_kernel_rows():
     assert [c["version"] for c in pd.decode_plan([2])] == [2, None, 2, None, 2, 2, None]
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
     stalls = (("barrier", 0.5), ("long_scoreboard", 9.0), ("wait", 2.0), ("math", 0.1), ("lg", 1.0))
-    kern = {"Kernel Name": "decode_split_kv_v2", "gpu__time_duration.sum": 30_000.0,
-            "dram__bytes_read.sum": 134e6, "lts__t_sector_hit_rate.pct": 12.5,
-            **{stall.format(n): x for n, x in stalls}}  # fmt: skip
+    kern = {
+        "Kernel Name": "decode_split_kv_v2",
+        "gpu__time_duration.sum": 30_000.0,
+        "dram__bytes_read.sum": 134e6,
+        "lts__t_sector_hit_rate.pct": 12.5,
+        **{stall.format(n): x for n, x in stalls},
+    }
     (row,) = pd.kernel_rows([kern])
     assert row["us"] == 30.0 and row["dram_read_mb"] == 134.0 and row["l2_hit_pct"] == 12.5
     assert list(row["top_stalls"]) == ["long_scoreboard", "wait", "lg", "barrier"]
@@ -260,7 +285,11 @@ def test_version_3_is_version_2_with_its_own_combine():
     for shape in ((1, 32, 8, 1, 32768, 128, 132), (8, 8, 1, 16, 4096, 64, 132)):
         p2, p3 = fg.decode_plan(*shape, version=2), fg.decode_plan(*shape, version=3)
         assert p3.version == 3 and (p2.grid, p2.threads, p2.smem_bytes, p2.num_splits) == (
-            p3.grid, p3.threads, p3.smem_bytes, p3.num_splits)  # fmt: skip
+            p3.grid,
+            p3.threads,
+            p3.smem_bytes,
+            p3.num_splits,
+        )
 
 
 def test_version_3_refuses_more_splits_than_its_combine_holds(no_cupy):
@@ -269,8 +298,9 @@ def test_version_3_refuses_more_splits_than_its_combine_holds(no_cupy):
     with pytest.raises(ValueError, match=match):
         fg.decode_attention(q, k, v, num_splits=129, version=3)
     with pytest.raises(ValueError, match=match):
-        fg.paged_decode_attention(*_paged(), np.zeros((2, 1), int), [1, 1], num_splits=129,
-                                  version=3)  # fmt: skip
+        fg.paged_decode_attention(
+            *_paged(), np.zeros((2, 1), int), [1, 1], num_splits=129, version=3
+        )
     with pytest.raises(ValueError, match=match):
         dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=129, version=3)
     assert dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=128, version=3).num_splits == 128
@@ -342,12 +372,21 @@ def test_version_5_plan_shared_memory_and_split_rule():
         assert blocks * (stages - 1) * 2 * dec.BC * d * 2 >= v2, (d, tiles)
     # the split rule fills one block per SM (SPLIT_BLOCKS_V5), whatever fits: more splits
     # than version 4's rule at no shape, fewer wherever one wave of its blocks is short
-    for shape in ((2, 32, 8, 8, 32768, 128, 132), (1, 32, 8, 1, 4096, 128, 132),
-                  (8, 32, 8, 1, 4096, 64, 132), (32, 32, 32, 1, 4096, 128, 132)):  # fmt: skip
+    for shape in (
+        (2, 32, 8, 8, 32768, 128, 132),
+        (1, 32, 8, 1, 4096, 128, 132),
+        (8, 32, 8, 1, 4096, 64, 132),
+        (32, 32, 32, 1, 4096, 128, 132),
+    ):
         p5, p4 = fg.decode_plan(*shape, version=5), fg.decode_plan(*shape, version=4)
         assert p5.num_splits == dec.choose_num_splits(
-            shape[0], shape[2], shape[4], 132, row_blocks=p5.row_blocks,
-            blocks_per_sm=dec.SPLIT_BLOCKS_V5), shape  # fmt: skip
+            shape[0],
+            shape[2],
+            shape[4],
+            132,
+            row_blocks=p5.row_blocks,
+            blocks_per_sm=dec.SPLIT_BLOCKS_V5,
+        ), shape
         assert p5.num_splits <= p4.num_splits, shape
     assert dec.SPLIT_BLOCKS_V5 == 1 and dec.split_blocks_per_sm(4, 128, 1) == dec.BLOCKS_PER_SM
     assert [dec.split_blocks_per_sm(v, d, t) for v in (5, 6, 7) for d, t in dec.BLOCKS_V5] == [
@@ -366,8 +405,11 @@ def test_version_5_refuses_page_sizes_and_other_gpus(version, no_cupy):
     q = np.zeros((2, 8, 1, 64), np.float16)
     for ps in (16, 48, 100):
         kp = np.zeros((3, 2, ps, 64), np.float16)
-        with pytest.raises(ValueError, match=rf"page_size is {ps}; decode version {version} "
-                           r"reads whole 64-key tiles from one page"):  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=rf"page_size is {ps}; decode version {version} "
+            r"reads whole 64-key tiles from one page",
+        ):
             fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=version)
         with pytest.raises(fg.GPUUnavailableError):  # version 4: the same call reaches the GPU
             fg.paged_decode_attention(q, kp, kp, np.zeros((2, 1), int), [1, 1], version=4)
@@ -415,7 +457,10 @@ def test_version_6_is_version_5s_split_kernel_and_version_3s_combine():
     only5, only6 = _code_changes(5, 6)
     assert only6 == ["decode_split_kv_v6(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)"]
     assert [line.split("(")[0].split("*")[0] for line in only5] == [
-        "decode_split_kv_v5", "merge_if_last_split", "unsigned"]  # fmt: skip
+        "decode_split_kv_v5",
+        "merge_if_last_split",
+        "unsigned",
+    ]
     text4, text6 = dec.source(4), dec.source(6)
     assert text4 in text6 and "V5_" not in text6  # no later version's switches
     assert text6.count("decode_combine_v3(") == 1 and not re.search(r"^#include", text6, re.M)
@@ -424,11 +469,19 @@ def test_version_6_is_version_5s_split_kernel_and_version_3s_combine():
     for d, tiles in dec.BLOCKS_V5:
         assert dec.smem_bytes(d, tiles, 6) == dec.smem_bytes(d, tiles, 5), (d, tiles)
         assert dec.blocks_per_sm(6, d, tiles) == dec.blocks_per_sm(5, d, tiles), (d, tiles)
-    for shape in ((1, 32, 8, 1, 32768, 128, 132), (8, 8, 1, 16, 4096, 64, 132),
-                  (2, 32, 8, 8, 32768, 128, 132), (32, 32, 32, 1, 4096, 128, 132)):  # fmt: skip
+    for shape in (
+        (1, 32, 8, 1, 32768, 128, 132),
+        (8, 8, 1, 16, 4096, 64, 132),
+        (2, 32, 8, 8, 32768, 128, 132),
+        (32, 32, 32, 1, 4096, 128, 132),
+    ):
         p5, p6 = fg.decode_plan(*shape, version=5), fg.decode_plan(*shape, version=6)
         assert p6.version == 6 and (p5.grid, p5.threads, p5.smem_bytes, p5.num_splits) == (
-            p6.grid, p6.threads, p6.smem_bytes, p6.num_splits), shape  # fmt: skip
+            p6.grid,
+            p6.threads,
+            p6.smem_bytes,
+            p6.num_splits,
+        ), shape
     with pytest.raises(ValueError, match="num_splits is 129; decode version 6 merges at most 128"):
         dec.decode_plan(1, 8, 2, 1, 100, 64, 132, num_splits=129, version=6)
 

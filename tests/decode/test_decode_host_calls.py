@@ -18,8 +18,9 @@ pytestmark = pytest.mark.gpu
 def _inputs(cp, B, Hq, Hkv, Nk, d, seed):
     rng = cp.random.default_rng(seed)
     q = rng.standard_normal((B, Hq, 1, d), dtype=cp.float32).astype(cp.float16)
-    k, v = (rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(cp.float16)
-            for _ in range(2))  # fmt: skip
+    k, v = (
+        rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(cp.float16) for _ in range(2)
+    )
     return q, k, v
 
 
@@ -40,23 +41,28 @@ def test_a_reused_workspace_gives_the_bits_of_a_fresh_one(cp, monkeypatch):
     from flashref.gpu import decode_attention
     from flashref.gpu.decode import workspace as decode_workspace
 
-    cases = [(2, 8, 2, 1000, 128, 6), (1, 32, 8, 4096, 128, 16), (3, 4, 4, 700, 64, 3),
-             (1, 4, 1, 5000, 64, 64), (2, 8, 2, 1000, 128, 1)]  # fmt: skip
+    cases = [
+        (2, 8, 2, 1000, 128, 6),
+        (1, 32, 8, 4096, 128, 16),
+        (3, 4, 4, 700, 64, 3),
+        (1, 4, 1, 5000, 64, 64),
+        (2, 8, 2, 1000, 128, 1),
+    ]
     for version in _versions(cp):
         fresh = {}
         for seed, case in enumerate(cases):  # each call alone, on a new buffer
             monkeypatch.setattr(decode_workspace, "_buffers", {})
             q, k, v = _inputs(cp, *case[:5], seed=seed)
-            O, lse = decode_attention(q, k, v, num_splits=case[5], return_lse=True,
-                                      version=version)  # fmt: skip
+            O, lse = decode_attention(q, k, v, num_splits=case[5], return_lse=True, version=version)
             fresh[case] = (cp.asnumpy(O), cp.asnumpy(lse))
         monkeypatch.setattr(decode_workspace, "_buffers", {})
         kept = []
         for rnd in range(2):  # every call on the buffer the calls before it used
             for seed, case in enumerate(cases):
                 q, k, v = _inputs(cp, *case[:5], seed=seed)
-                O, lse = decode_attention(q, k, v, num_splits=case[5], return_lse=True,
-                                          version=version)  # fmt: skip
+                O, lse = decode_attention(
+                    q, k, v, num_splits=case[5], return_lse=True, version=version
+                )
                 kept.append((case, O, lse))
                 want_O, want_lse = fresh[case]
                 label = f"v{version} round {rnd} B,Hq,Hkv,Nk,d,S={case}"
@@ -117,21 +123,29 @@ def test_tensor_maps_encoded_through_ctypes_equal_cuda_bindings(cp):
 
     from flashref.gpu._driver import encode_tensor_map
 
-    types = {"float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}  # fmt: skip
+    types = {
+        "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    }
     x = cp.empty((3000, 128), dtype=cp.float16)
-    for dtype, rows, cols, box in (("float16", 3000, 128, 64), ("bfloat16", 1000, 64, 128),
-                                   ("float16", 17, 64, 32)):  # fmt: skip
+    for dtype, rows, cols, box in (
+        ("float16", 3000, 128, 64),
+        ("bfloat16", 1000, 64, 128),
+        ("float16", 17, 64, 32),
+    ):
         err, tmap = driver.cuTensorMapEncodeTiled(
-            types[dtype], 2, x.data.ptr,
-            [driver.cuuint64_t(cols), driver.cuuint64_t(rows)], [driver.cuuint64_t(cols * 2)],
+            types[dtype],
+            2,
+            x.data.ptr,
+            [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],
+            [driver.cuuint64_t(cols * 2)],
             [driver.cuuint32_t(64), driver.cuuint32_t(box)],
             [driver.cuuint32_t(1), driver.cuuint32_t(1)],
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )  # fmt: skip
+        )
         assert err == driver.CUresult.CUDA_SUCCESS
         want = ctypes.string_at(tmap.getPtr(), 128)
         got = encode_tensor_map(x.data.ptr, rows, cols, cols * 2, dtype, box)

@@ -36,8 +36,11 @@ def counted(monkeypatch, no_cupy):
 
 
 def _qkv(Hq=8, Hkv=2, Nk=100, d=64, dtype=np.float16, B=2):
-    return (np.zeros((B, Hq, 1, d), dtype), np.zeros((B, Hkv, Nk, d), dtype),
-            np.zeros((B, Hkv, Nk, d), dtype))  # fmt: skip
+    return (
+        np.zeros((B, Hq, 1, d), dtype),
+        np.zeros((B, Hkv, Nk, d), dtype),
+        np.zeros((B, Hkv, Nk, d), dtype),
+    )
 
 
 def _call(args, **kw):
@@ -163,8 +166,11 @@ def test_the_vectorised_block_table_check_names_the_loops_entry():
             assert np.array_equal(out, bt) and np.array_equal(lens, L), trial
             continue
         b, j = want
-        with pytest.raises(ValueError, match=rf"block_table\[{b}, {j}\] is {bt[b, j]}, .* "
-                           rf"\(length {L[b]}\); expected 0 <= page < {P}"):  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=rf"block_table\[{b}, {j}\] is {bt[b, j]}, .* "
+            rf"\(length {L[b]}\); expected 0 <= page < {P}",
+        ):
             dchk.check_block_table(bt, L, B, P, ps)
 
 
@@ -176,8 +182,10 @@ def _fake_cp(device=0, stream=7):
         made.append(np.full(n, np.nan, dtype))
         return made[-1]
 
-    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=device),
-                           get_current_stream=lambda: SimpleNamespace(ptr=stream))  # fmt: skip
+    cuda = SimpleNamespace(
+        Device=lambda: SimpleNamespace(id=device),
+        get_current_stream=lambda: SimpleNamespace(ptr=stream),
+    )
     return SimpleNamespace(cuda=cuda, empty=empty, float32=np.float32), made
 
 
@@ -226,8 +234,9 @@ def test_device_tables_are_checked_by_shape_and_dtype_only():
     ints = np.zeros((2, 5), np.int64)
     dchk.check_device_ints(ints, "block_table", (2, None), "(2, max_pages)")  # any width
     with pytest.raises(ValueError, match=r"block_table has shape \(3, 5\); expected \(2, max"):
-        dchk.check_device_ints(np.zeros((3, 5), np.int32), "block_table", (2, None),
-                               "(2, max_pages)")  # fmt: skip
+        dchk.check_device_ints(
+            np.zeros((3, 5), np.int32), "block_table", (2, None), "(2, max_pages)"
+        )
     with pytest.raises(TypeError, match="lengths has dtype float32; expected integers"):
         dchk.check_device_ints(np.zeros(2, np.float32), "lengths", (2,), "(2,)")
     with pytest.raises(ValueError, match=r"lengths has shape \(2, 1\)"):

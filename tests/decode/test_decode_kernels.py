@@ -157,9 +157,16 @@ def test_decode_matches_float64(cp, version, B, Hq, Hkv, Nq, lengths, dtype, d, 
     naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(d))
     L = cp.asarray(np.array(lengths, dtype=np.int32))
     for S in (None, 1, 3):
-        O, lse = decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), lengths=L,
-                                  causal=causal, num_splits=S, return_lse=True,
-                                  version=version)  # fmt: skip
+        O, lse = decode_attention(
+            cp.asarray(q),
+            cp.asarray(k),
+            cp.asarray(v),
+            lengths=L,
+            causal=causal,
+            num_splits=S,
+            return_lse=True,
+            version=version,
+        )
         label = f"v{version} B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} L={lengths} {dtype} d={d}"
         label += f" {causal=} splits={S}"
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
@@ -209,8 +216,9 @@ def test_many_splits_match_float64(cp, version, dtype, d):
     qc, kc, vc = (cp.asarray(x) for x in (q, k, v))
     L = cp.asarray(np.array(lengths, dtype=np.int32))
     for S in (15, 16, 17, 31, 32, 33, 64, 100, 128):
-        O, lse = decode_attention(qc, kc, vc, lengths=L, num_splits=S, return_lse=True,
-                                  version=version)  # fmt: skip
+        O, lse = decode_attention(
+            qc, kc, vc, lengths=L, num_splits=S, return_lse=True, version=version
+        )
         label = f"v{version} {dtype} d={d} Nk={Nk} L={lengths} num_splits={S}"
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
@@ -281,14 +289,20 @@ def test_paged_matches_paged_attention(cp, version, Hq, Hkv, Nq, dtype, d, page_
     B = len(lengths)
     rng = _rng("paged-q", Hq, Nq, d)
     q = rng.standard_normal((B, Hq, Nq, d)).astype(np.float32).astype(_host(dtype))
-    ref, ref_lse = paged_attention(q.astype(np.float64), cache, seqs, causal=causal,
-                                   return_lse=True)  # fmt: skip
+    ref, ref_lse = paged_attention(
+        q.astype(np.float64), cache, seqs, causal=causal, return_lse=True
+    )
     naive = _naive_paged(cp, cache, seqs, q, dtype, bool(causal))
     args = (cp.asarray(q), cp.asarray(kp), cp.asarray(vp), cp.asarray(table.astype(np.int32)))
     for S in (None, 1, 2, 5):
-        O, lse = paged_decode_attention(*args, cp.asarray(L.astype(np.int32)), causal=causal,
-                                        num_splits=S, return_lse=True,
-                                        version=version)  # fmt: skip
+        O, lse = paged_decode_attention(
+            *args,
+            cp.asarray(L.astype(np.int32)),
+            causal=causal,
+            num_splits=S,
+            return_lse=True,
+            version=version,
+        )
         label = f"v{version} paged ps={page_size} Hq={Hq} Hkv={Hkv} Nq={Nq} {dtype} d={d}"
         label += f" {causal=} S={S}"
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
@@ -343,8 +357,10 @@ def _first_difference(a, b) -> str:
     with np.errstate(invalid="ignore"):
         worst = np.nanmax(np.abs(a - b)[differ])
     x, y = float(a[where]), float(b[where])
-    return (f"{differ.sum()} elements differ, first at {where}: {x!r} vs {y!r}, "
-            f"largest difference {worst:.3e}")  # fmt: skip
+    return (
+        f"{differ.sum()} elements differ, first at {where}: {x!r} vs {y!r}, "
+        f"largest difference {worst:.3e}"
+    )
 
 
 @pytest.mark.parametrize("version", [6], ids=["v6"])
@@ -358,8 +374,12 @@ def test_version_6_is_version_5_with_its_merge_moved(cp, version):
     q, k, v = (cp.asarray(x) for x in _inputs("bfloat16", B, Hq, Hkv, Nq, Nk, d, "v6-is-v5"))
     lengths = cp.asarray(np.array([1024, 333, 0], dtype=np.int32))
     n = Nk // BC  # pages of 64 keys; sequence b's pages are b, b + B, ...
-    kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, BC, d).transpose(2, 0, 1, 3, 4))
-              .reshape(n * B, Hkv, BC, d) for x in (k, v))  # fmt: skip
+    kp, vp = (
+        cp.ascontiguousarray(x.reshape(B, Hkv, n, BC, d).transpose(2, 0, 1, 3, 4)).reshape(
+            n * B, Hkv, BC, d
+        )
+        for x in (k, v)
+    )
     table = cp.asarray((np.arange(n)[None, :] * B + np.arange(B)[:, None]).astype(np.int32))
     runs = {
         "contiguous": functools.partial(decode_attention, q, k, v, lengths=lengths),
@@ -442,8 +462,15 @@ def test_nan_in_unused_cache_slots_never_reaches_o(cp, version, d):
         kn[b, :, L:], vn[b, :, L:] = np.nan, np.nan
     L = np.array(lengths, dtype=np.int32)
     for S in (1, 2):
-        O, lse = decode_attention(cp.asarray(q), cp.asarray(kn), cp.asarray(vn), lengths=L,
-                                  num_splits=S, return_lse=True, version=version)  # fmt: skip
+        O, lse = decode_attention(
+            cp.asarray(q),
+            cp.asarray(kn),
+            cp.asarray(vn),
+            lengths=L,
+            num_splits=S,
+            return_lse=True,
+            version=version,
+        )
         label = f"v{version} NaN past L, contiguous d={d} splits={S}"
         _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
     ps = 64  # pages of 64 slots; sequence b's pages are b, b + B, ... (interleaved)
@@ -452,8 +479,17 @@ def test_nan_in_unused_cache_slots_never_reaches_o(cp, version, d):
     vp = vn.reshape(B, Hkv, n, ps, d).transpose(2, 0, 1, 3, 4).reshape(n * B, Hkv, ps, d)
     table = (np.arange(n)[None, :] * B + np.arange(B)[:, None]).astype(np.int32)  # (B, n)
     kp, vp = (cp.asarray(np.ascontiguousarray(x)) for x in (kp, vp))
-    O, lse = paged_decode_attention(cp.asarray(q), kp, vp, table, L, causal=False, num_splits=2,
-                                    return_lse=True, version=version)  # fmt: skip
+    O, lse = paged_decode_attention(
+        cp.asarray(q),
+        kp,
+        vp,
+        table,
+        L,
+        causal=False,
+        num_splits=2,
+        return_lse=True,
+        version=version,
+    )
     label = f"v{version} NaN in stale page slots, paged ps={ps} d={d}"
     _check(label, dtype, cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
 
@@ -468,8 +504,9 @@ def test_scale_all_empty_and_noncontiguous(cp, version):
         ref, ref_lse = _reference(q, k, v, allowed, scale)
         naive = _naive_same_precision(cp, q, k, v, allowed, scale)
         kt = cp.asarray(np.ascontiguousarray(k.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
-        O, lse = decode_attention(cp.asarray(q), kt, cp.asarray(v), scale=scale, return_lse=True,
-                                  version=version)  # fmt: skip
+        O, lse = decode_attention(
+            cp.asarray(q), kt, cp.asarray(v), scale=scale, return_lse=True, version=version
+        )
         _check(
             f"v{version} scale={scale}",
             "float16",
@@ -480,8 +517,15 @@ def test_scale_all_empty_and_noncontiguous(cp, version):
             naive,
         )
     L = cp.zeros(2, dtype=cp.int32)  # no sequence has a key
-    O, lse = decode_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), lengths=L,
-                              num_splits=3, return_lse=True, version=version)  # fmt: skip
+    O, lse = decode_attention(
+        cp.asarray(q),
+        cp.asarray(k),
+        cp.asarray(v),
+        lengths=L,
+        num_splits=3,
+        return_lse=True,
+        version=version,
+    )
     assert (cp.asnumpy(O) == 0).all(), f"v{version}: no key seen, O is not zeros"
     assert np.isneginf(cp.asnumpy(lse)).all(), f"v{version}: no key seen, lse is not -inf"
 
@@ -534,8 +578,9 @@ def test_flash_attention_routes_grouped_heads_to_decode(cp, Nq, Nk, causal):
     allowed = np.tril(np.ones((Nq, Nk), bool)) if causal else np.ones((Nq, Nk), bool)
     naive = _naive_same_precision(cp, q, k, v, allowed, 1 / np.sqrt(128))
     out = cp.full(q.shape, np.nan, dtype=cp.float16)
-    O, lse = flash_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                             return_lse=True, out=out)  # fmt: skip
+    O, lse = flash_attention(
+        cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, return_lse=True, out=out
+    )
     assert O is out
     label = f"flash_attention grouped Nq={Nq} Nk={Nk} {causal=}"
     _check(label, "float16", cp.asnumpy(O), cp.asnumpy(lse), ref, ref_lse, naive)
@@ -558,8 +603,12 @@ def test_default_version_is_this_gpus(cp, page_size):
         pages = -(-1000 // page_size)  # sequence b in pages b*pages .. (b+1)*pages - 1
         pad = pages * page_size - 1000
         kp, vp = (cp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
-        kp, vp = (x.reshape(2, 2, pages, page_size, 128).transpose(0, 2, 1, 3, 4)
-                  .reshape(2 * pages, 2, page_size, 128) for x in (kp, vp))  # fmt: skip
+        kp, vp = (
+            x.reshape(2, 2, pages, page_size, 128)
+            .transpose(0, 2, 1, 3, 4)
+            .reshape(2 * pages, 2, page_size, 128)
+            for x in (kp, vp)
+        )
         table = cp.arange(2 * pages, dtype=cp.int32).reshape(2, pages)
         kp, vp = cp.ascontiguousarray(kp), cp.ascontiguousarray(vp)
         run = functools.partial(paged_decode_attention, q, kp, vp, table, cp.asarray([1000, 37]))

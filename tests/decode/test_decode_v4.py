@@ -22,18 +22,28 @@ from flashref.gpu.decode import counters as dc
 def test_version_4_is_version_3_in_one_launch():
     v4 = dec.VERSIONS[4]
     assert (v4.file, v4.split_kernel, v4.combine_kernel) == (
-        "v04_last_block_merge.cu", "decode_split_kv_v4", None)  # fmt: skip
+        "v04_last_block_merge.cu",
+        "decode_split_kv_v4",
+        None,
+    )
     text3, text4 = dec.source(3), dec.source(4)
     assert text3 in text4 and not re.search(r"^#include", text4, re.M)  # nested ones too
     assert text4.count("decode_split_kv_v4(") == 1
     # one split body: version 2 waits, then refills; version 4 refills, then waits
     assert "split_kv_v2_body<false>(" in dec.source(2) and "split_kv_v2_body<true>(" not in text3
     assert text4.count("split_kv_v2_body<true>(") == 1
-    for shape in ((1, 32, 8, 1, 32768, 128, 132), (8, 8, 1, 16, 4096, 64, 132),
-                  (32, 32, 8, 1, 131072, 128, 132)):  # fmt: skip
+    for shape in (
+        (1, 32, 8, 1, 32768, 128, 132),
+        (8, 8, 1, 16, 4096, 64, 132),
+        (32, 32, 8, 1, 131072, 128, 132),
+    ):
         p3, p4 = fg.decode_plan(*shape, version=3), fg.decode_plan(*shape, version=4)
         assert p4.version == 4 and (p3.grid, p3.threads, p3.smem_bytes, p3.num_splits) == (
-            p4.grid, p4.threads, p4.smem_bytes, p4.num_splits)  # fmt: skip
+            p4.grid,
+            p4.threads,
+            p4.smem_bytes,
+            p4.num_splits,
+        )
 
 
 def test_version_4_refuses_more_splits_than_its_merge_holds(no_cupy):
@@ -68,8 +78,10 @@ def _fake_cp(device=0, stream=7):
         made.append(np.zeros(n, dtype))
         return made[-1]
 
-    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=device),
-                           get_current_stream=lambda: SimpleNamespace(ptr=stream))  # fmt: skip
+    cuda = SimpleNamespace(
+        Device=lambda: SimpleNamespace(id=device),
+        get_current_stream=lambda: SimpleNamespace(ptr=stream),
+    )
     return SimpleNamespace(cuda=cuda, zeros=zeros, uint32=np.uint32), made
 
 

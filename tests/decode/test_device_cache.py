@@ -35,8 +35,17 @@ def _host(x):
 
 
 def _twin(torch, fg, dtype="float16", ps=64, layers=2, pages=40, batch=4, Hkv=2, d=64, **kw):
-    dev = fg.DevicePagedKVCache(pages, ps, Hkv, d, max_batch=batch, num_layers=layers,
-                                max_step_tokens=1024, dtype=dtype, **kw)  # fmt: skip
+    dev = fg.DevicePagedKVCache(
+        pages,
+        ps,
+        Hkv,
+        d,
+        max_batch=batch,
+        num_layers=layers,
+        max_step_tokens=1024,
+        dtype=dtype,
+        **kw,
+    )
     cpu = [flashref.PagedKVCache(pages, ps, Hkv, d, dtype=np.float32) for _ in range(layers)]
     return dev, cpu
 
@@ -46,8 +55,9 @@ def _step(torch, dev, cpu, seqs, n, seed, dtype):
     a strided view (the layout a model's projection makes)."""
     dev.begin_step(seqs, n)
     for layer, c in enumerate(cpu):
-        kv = _rand(torch, (len(seqs), n, 2, dev.num_kv_heads, dev.head_dim), dtype,
-                   seed * 10 + layer)  # fmt: skip
+        kv = _rand(
+            torch, (len(seqs), n, 2, dev.num_kv_heads, dev.head_dim), dtype, seed * 10 + layer
+        )
         k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # strided views
         dev.append(layer, k, v)
         for r, s in enumerate(seqs):
@@ -108,9 +118,14 @@ def test_a_full_cache_changes_nothing(torch, fg):
     _step(torch, dev, cpu, [seqs[0]], 130, 1, "float16")  # 3 pages
     _step(torch, dev, cpu, [seqs[1]], 60, 2, "float16")  # 1 page: 1 left
     torch.cuda.synchronize()
-    before = (dev.k_pages.clone(), dev.block_table.clone(), dev.lengths.clone(),
-              {s: list(p) for s, p in dev.pages.block_tables.items()}, dict(dev.pages.lengths),
-              dev.host_copies)  # fmt: skip
+    before = (
+        dev.k_pages.clone(),
+        dev.block_table.clone(),
+        dev.lengths.clone(),
+        {s: list(p) for s, p in dev.pages.block_tables.items()},
+        dict(dev.pages.lengths),
+        dev.host_copies,
+    )
     with pytest.raises(flashref.CacheFullError, match="cache is full"):
         dev.begin_step(seqs, 70)  # both need a page: 2 > 1 free
     torch.cuda.synchronize()
@@ -206,8 +221,11 @@ def test_graph_replays_a_growing_batch_without_copies(torch, fg):
     step()
     for layer, c in enumerate(cpu):
         for r, s in enumerate(seqs):
-            c.append(s, _host(kv[layer, r, :, 0].transpose(0, 1)),
-                     _host(kv[layer, r, :, 1].transpose(0, 1)))  # fmt: skip
+            c.append(
+                s,
+                _host(kv[layer, r, :, 0].transpose(0, 1)),
+                _host(kv[layer, r, :, 1].transpose(0, 1)),
+            )
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     dev.prepare_step(seqs, 1)
@@ -221,13 +239,15 @@ def test_graph_replays_a_growing_batch_without_copies(torch, fg):
         g.replay()
         for layer, c in enumerate(cpu):
             for r, s in enumerate(seqs):
-                c.append(s, _host(kv[layer, r, :, 0].transpose(0, 1)),
-                         _host(kv[layer, r, :, 1].transpose(0, 1)))  # fmt: skip
+                c.append(
+                    s,
+                    _host(kv[layer, r, :, 0].transpose(0, 1)),
+                    _host(kv[layer, r, :, 1].transpose(0, 1)),
+                )
         if t % 23 == 0 or t == 69:
             torch.cuda.synchronize()
             for layer in range(2):
-                want = fg.paged_decode_attention(q, *dev.pools(layer), dev.block_table,
-                                                 dev.lengths)  # fmt: skip
+                want = fg.paged_decode_attention(q, *dev.pools(layer), dev.block_table, dev.lengths)
                 assert torch.equal(outs[layer], want), f"replay {t}, layer {layer}"
     torch.cuda.synchronize()
     assert dev.host_copies == copies, "a replayed step copied to the device"

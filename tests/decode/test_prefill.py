@@ -71,9 +71,15 @@ def _check_reference(cp, dtype, d, ps, Nq, lengths, seed, splits=None):
     for causal in ("bottom_right", False):
         ref, ref_lse = flashref.paged_attention(q, cache, seqs, causal=causal, return_lse=True)
         for tables in ((table, L), (cp.asarray(table, dtype=cp.int32), cp.asarray(L, cp.int32))):
-            O, lse = paged_prefill_attention(cp.asarray(q.astype(dtype)), kp, vp, *tables,
-                                             causal=causal, return_lse=True,
-                                             splits=splits)  # fmt: skip
+            O, lse = paged_prefill_attention(
+                cp.asarray(q.astype(dtype)),
+                kp,
+                vp,
+                *tables,
+                causal=causal,
+                return_lse=True,
+                splits=splits,
+            )
             O = cp.asnumpy(O).astype(np.float64)
             assert not np.isnan(O).any()
             err = _rel(O, ref)
@@ -94,8 +100,9 @@ def test_against_the_float64_reference(cp, sm90, dtype, d, ps, Nq):
 @pytest.mark.parametrize("splits", [2, 3, 16])
 def test_split_keys_against_the_float64_reference(cp, sm90, dtype, d, splits):
     Nq = 200  # two query blocks; sequences of 2, 5 and 13 key tiles (or fewer, causal)
-    _check_reference(cp, dtype, d, 64, Nq, [Nq + 5, Nq + 400, Nq + 1400],
-                     seed=splits * 11 + d, splits=splits)  # fmt: skip
+    _check_reference(
+        cp, dtype, d, 64, Nq, [Nq + 5, Nq + 400, Nq + 1400], seed=splits * 11 + d, splits=splits
+    )
 
 
 def test_default_splits_a_short_chunk(torch, sm90):
@@ -105,8 +112,9 @@ def test_default_splits_a_short_chunk(torch, sm90):
     H, Nq, Lk, d, ps = 8, 256, 2048, 64, 128
     g = torch.Generator(device="cuda").manual_seed(4)
     q = torch.randn((1, H, Nq, d), generator=g, device="cuda").half()
-    kp, vp = (torch.randn((Lk // ps, H, ps, d), generator=g, device="cuda").half()
-              for _ in range(2))  # fmt: skip
+    kp, vp = (
+        torch.randn((Lk // ps, H, ps, d), generator=g, device="cuda").half() for _ in range(2)
+    )
     table = torch.arange(Lk // ps, dtype=torch.int32, device="cuda")[None]
     L = torch.tensor([Lk], dtype=torch.int32, device="cuda")
     S = default_splits(H * Nq // BR, Lk // BC, device_facts()[2])
@@ -131,8 +139,11 @@ def test_chunks_through_the_cache_equal_one_forward(torch, sm90):
         n = min(chunk, N - c0)
         cache.begin_step([seq], n)
         cache.append(0, k[:, :, c0 : c0 + n], v[:, :, c0 : c0 + n])
-        outs.append(paged_prefill_attention(q[:, :, c0 : c0 + n], *cache.pools(0),
-                                            cache.block_table, cache.lengths))  # fmt: skip
+        outs.append(
+            paged_prefill_attention(
+                q[:, :, c0 : c0 + n], *cache.pools(0), cache.block_table, cache.lengths
+            )
+        )
     got = torch.cat(outs, dim=2).float()
     want = flash_attention(q, k, v, causal=True).float()
     ref = torch.nn.functional.scaled_dot_product_attention(

@@ -244,7 +244,7 @@ def test_paged_gather_accepts_correct_solutions():
         (
             gather(pages_of=lambda table, n: table[: n + 1], length_of=lambda L, n, ps: L + 1),
             dm.LENGTH_LONG,
-        ),  # fmt: skip
+        ),
         (gather(pages_of=lambda table, n: np.sort(table[:n])), dm.PAGE_ORDER),
         (gather(pages_of=lambda table, n: table[:n][::-1]), dm.PAGE_ORDER),
         (gather(pages_of=lambda table, n: np.arange(n)), dm.POOL_ORDER),

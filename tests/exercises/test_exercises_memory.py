@@ -63,8 +63,9 @@ def test_tiled_tells_scores_for_every_query_at_once():
     (Nq, block_k) strips, which the wide tiles show."""
 
     def key_strips(q, k, v, block_q, block_k, causal):
-        return flashref.tiled_attention_kv_outer(q, k, v, block_q=len(q), block_k=block_k,
-                                                 causal=causal)  # fmt: skip
+        return flashref.tiled_attention_kv_outer(
+            q, k, v, block_q=len(q), block_k=block_k, causal=causal
+        )
 
     result = check_tiled_attention(key_strips)
     assert [f.diagnosis for f in result.failures] == [UNTILED_QUERIES], str(result)

@@ -26,8 +26,9 @@ def every_warning_is_an_error():
         yield
 
 
-def fragment(swap_rc=False, row8=True, col8=True, swap_gt=False, a_order=True, c_order=True,
-             paired=True):  # fmt: skip
+def fragment(
+    swap_rc=False, row8=True, col8=True, swap_gt=False, a_order=True, c_order=True, paired=True
+):
     """The A and C maps from the chapter's rule, with one planted mistake by argument."""
 
     def fn(operand, lane, reg, half):

@@ -337,8 +337,9 @@ def test_an_all_nan_placeholder_is_not_implemented_not_a_mistake():
 
     for checker, fn in ((check_tiled_backward, backward), (check_device_step, step)):
         result = checker(fn)
-        assert not result and all(f.problem == ALL_NAN and f.diagnosis is None
-                                  for f in result.failures), str(result)  # fmt: skip
+        assert not result and all(
+            f.problem == ALL_NAN and f.diagnosis is None for f in result.failures
+        ), str(result)
         assert str(result).endswith(f"all {result.cases_run} cases returned only NaN)")
         assert "likely mistake" not in str(result)
     # rescaling the wrong way overflows in every case: NaN everywhere has a mistake that

@@ -66,9 +66,12 @@ def _case(dtype: str, lead, Nq, Nk, d, causal):
     k = rng.standard_normal((*lead, Nk, d)).astype(np.float32).astype(dt)
     v = rng.standard_normal((*lead, Nk, d)).astype(np.float32).astype(dt)
     ref, ref_lse = naive_attention(
-        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
-        causal=causal, return_lse=True,
-    )  # fmt: skip
+        q.astype(np.float64),
+        k.astype(np.float64),
+        v.astype(np.float64),
+        causal=causal,
+        return_lse=True,
+    )
     return q, k, v, ref, ref_lse
 
 
@@ -111,8 +114,16 @@ def _run(cp, ver, q, k, v, causal):
 
     O = cp.full(q.shape, np.nan, dtype=cp.float32).astype(q.dtype)  # poisoned: NaN if unwritten
     lse = cp.full(q.shape[:-1], np.nan, dtype=cp.float32)
-    launch(ver, cp.asarray(q), cp.asarray(k), cp.asarray(v), O, lse,
-           causal=causal, scale=1.0 / np.sqrt(q.shape[-1]))  # fmt: skip
+    launch(
+        ver,
+        cp.asarray(q),
+        cp.asarray(k),
+        cp.asarray(v),
+        O,
+        lse,
+        causal=causal,
+        scale=1.0 / np.sqrt(q.shape[-1]),
+    )
     return O, lse
 
 

@@ -192,9 +192,12 @@ def test_grouped_kv_heads_pass_the_checks(no_cupy):
     q = np.zeros((2, 8, 17, 64), np.float16)
     kv = np.zeros((2, 2, 17, 64), np.float16)
     q16, kv16 = q[:, :, :16], np.zeros((2, 2, 100, 64), np.float16)
-    for args, kw in [((q, kv, kv), {}), ((q16, kv16, kv16), {"causal": True}),
-                     ((q16, kv16, kv16), {"version": 14}),
-                     (tuple(x.astype(np.float32) for x in (q16, kv16, kv16)), {})]:  # fmt: skip
+    for args, kw in [
+        ((q, kv, kv), {}),
+        ((q16, kv16, kv16), {"causal": True}),
+        ((q16, kv16, kv16), {"version": 14}),
+        (tuple(x.astype(np.float32) for x in (q16, kv16, kv16)), {}),
+    ]:
         with pytest.raises(fg.GPUUnavailableError):
             fg.flash_attention(*args, **kw)
     with pytest.raises(ValueError, match="q has 8 heads but k has 3"):  # not a multiple
@@ -244,8 +247,11 @@ def test_capability_is_checked_before_compiling():
         runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"Tesla T4"}),
     )
     fake_cp = types.SimpleNamespace(cuda=cuda)
-    with pytest.raises(RuntimeError, match=r"version 14 .* needs compute capability 8\.0 .*"
-                                           r"\(Tesla T4\) has 7\.5"):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"version 14 .* needs compute capability 8\.0 .*"
+        r"\(Tesla T4\) has 7\.5",
+    ):
         fg._runtime.check_capability(fake_cp, fg.VERSIONS[14])
     fg._runtime.check_capability(fake_cp, fg.VERSIONS[1])  # plain CUDA: any GPU CuPy supports
 
@@ -265,8 +271,11 @@ def test_hopper_version_runs_on_compute_9_0_only():
         Device=lambda *a: Blackwell(),
         runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"B200"}),
     )
-    with pytest.raises(RuntimeError, match=r"version 19 .* built for sm_90a .* capability 9\.0 "
-                                           r"exactly; this GPU \(B200\) has 10\.0"):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"version 19 .* built for sm_90a .* capability 9\.0 "
+        r"exactly; this GPU \(B200\) has 10\.0",
+    ):
         fg._runtime.check_capability(types.SimpleNamespace(cuda=cuda), v19)
     # Q (128, d), K and V (2 stages, Bc, d) of 16-bit elements, unpadded, + 1024 for alignment
     assert v19.smem_bytes(64) == 2 * (128 + 4 * 128) * 64 + 1024
@@ -412,9 +421,11 @@ def test_persistent_version_registry_and_grid():
     assert ver.grid(1, 3, 132) == (3, 1)  # fewer work tiles than SMs: one block each
     assert ver.grid(129, 1, 132) == (2, 1)
     assert fg.VERSIONS[26].grid(1000, 6, 132) == (8, 6)
-    for bad, match in [((0, 3, 132), "Nq must be an int >= 1, got 0"),
-                       ((5, 3, 0), "sm_count must be an int >= 1, got 0"),
-                       ((5, 3.0, 132), "BH must be an int >= 1, got 3.0")]:  # fmt: skip
+    for bad, match in [
+        ((0, 3, 132), "Nq must be an int >= 1, got 0"),
+        ((5, 3, 0), "sm_count must be an int >= 1, got 0"),
+        ((5, 3.0, 132), "BH must be an int >= 1, got 3.0"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(match)):
             ver.grid(*bad)
     text = ver.path.read_text()
@@ -456,8 +467,11 @@ def test_lean_loop_version_registry_and_source():
     assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(29) == 27
     assert (ver.dtypes, ver.head_dims, ver.threads, ver.Br) == (v27.dtypes, v27.head_dims, 384, 128)
     for d in (64, 128):
-        assert (ver.Bc(d), ver.stages(d), ver.smem_bytes(d)) == (v27.Bc(d), v27.stages(d),
-                                                                  v27.smem_bytes(d))  # fmt: skip
+        assert (ver.Bc(d), ver.stages(d), ver.smem_bytes(d)) == (
+            v27.Bc(d),
+            v27.stages(d),
+            v27.smem_bytes(d),
+        )
     assert ver.grid(1024, 512, 132) == v27.grid(1024, 512, 132) == (132, 1)
     assert 29 not in PREFERENCE.values()  # sm_90a only: not for other GPUs
     text = ver.source()  # with its headers (consumer_loop.cuh, tile_scheduler.cuh) pasted in
@@ -493,8 +507,11 @@ def test_lean3_version_registry_and_source():
     ver, v28 = fg.VERSIONS[30], fg.VERSIONS[28]
     assert ver.persistent and ver.arch == "sm_90a" and ver.tma and base_of(30) == 28
     assert (ver.dtypes, ver.head_dims, ver.threads, ver.Br) == (v28.dtypes, (64,), 512, 192)
-    assert (ver.Bc(64), ver.stages(64), ver.smem_bytes(64)) == (v28.Bc(64), v28.stages(64),
-                                                                v28.smem_bytes(64))  # fmt: skip
+    assert (ver.Bc(64), ver.stages(64), ver.smem_bytes(64)) == (
+        v28.Bc(64),
+        v28.stages(64),
+        v28.smem_bytes(64),
+    )
     for args in ((1024, 512, 132), (4097, 1, 132), (1, 3, 132)):
         assert ver.grid(*args) == v28.grid(*args), args
     for dtype in ver.dtypes:  # d = 128 is refused by name before any GPU work, as for v28

@@ -35,8 +35,13 @@ sys.path.insert(0, str(HERE.parents[1]))  # the repository root: flashref withou
 from flashref.gpu.forward_versions import VERSIONS  # noqa: E402  (no CuPy needed)
 
 NUMBERS = [n for n, v in VERSIONS.items() if v.arch == "sm_90a"]
-GROUPS = [(n, dt, d) for n in NUMBERS for dt in ("float16", "bfloat16") for d in (64, 128)
-          if d in VERSIONS[n].head_dims]  # fmt: skip
+GROUPS = [
+    (n, dt, d)
+    for n in NUMBERS
+    for dt in ("float16", "bfloat16")
+    for d in (64, 128)
+    if d in VERSIONS[n].head_dims
+]
 GROUP_IDS = [f"v{n}-{dt}-d{d}" for n, dt, d in GROUPS]
 REPEAT = ((2, 3), 1000, 1000, True)  # (lead, Nq, Nk, causal) launched twice
 # A persistent version (v27-v30) runs every case a second time on at most FEW_BLOCKS blocks, so
@@ -84,12 +89,20 @@ def _check_case(cp, ver, dtype, d, lead, Nq, Nk, causal) -> dict:
     lse_err = np.where(np.isnan(lse_err), np.inf, lse_err)
     j = np.unravel_index(int(np.argmax(lse_err)), lse_err.shape)
     return {
-        "O_nan": int(np.isnan(out).sum()), "lse_nan": int(np.isnan(got_lse).sum()),
-        "err": base._rel_err(out, ref), "naive_err": naive_err, "tol": tolerance(dtype, naive_err),
-        "worst": _worst(out, ref), "lse_err": float(lse_err.max()), "lse_tol": LSE_TOL,
-        "lse_worst": {"index": [int(x) for x in j], "got": float(got_lse[j]),
-                      "want": float(ref_lse[j])},
-    }  # fmt: skip
+        "O_nan": int(np.isnan(out).sum()),
+        "lse_nan": int(np.isnan(got_lse).sum()),
+        "err": base._rel_err(out, ref),
+        "naive_err": naive_err,
+        "tol": tolerance(dtype, naive_err),
+        "worst": _worst(out, ref),
+        "lse_err": float(lse_err.max()),
+        "lse_tol": LSE_TOL,
+        "lse_worst": {
+            "index": [int(x) for x in j],
+            "got": float(got_lse[j]),
+            "want": float(ref_lse[j]),
+        },
+    }
 
 
 def _child(number: int, dtype: str, d: int) -> None:
@@ -117,8 +130,12 @@ def _child(number: int, dtype: str, d: int) -> None:
         O1, O2 = cp.asnumpy(O1), cp.asnumpy(O2)
         same_lse = cp.asnumpy(lse1).tobytes() == cp.asnumpy(lse2).tobytes()
         differ = int((O1.view(np.uint16) != O2.view(np.uint16)).sum())
-        print(json.dumps({"case": "_".join(["repeat", *tag]), "O_bits_differ": differ,
-                          "lse_same": same_lse}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {"case": "_".join(["repeat", *tag]), "O_bits_differ": differ, "lse_same": same_lse}
+            ),
+            flush=True,
+        )
     _launch.MAX_PERSISTENT_BLOCKS = None
     print(json.dumps({"case": "api", **_check_api(cp, number, dtype, d)}), flush=True)
 
@@ -137,8 +154,9 @@ def _check_api(cp, number: int, dtype: str, d: int) -> dict:
     for scale in (-0.3, 0.05):
         O = flash_attention(q, q, q, scale=scale, version=number)
         ref = naive_attention(x64, x64, x64, scale=scale)
-        errs[str(scale)] = float(np.linalg.norm(cp.asnumpy(O).astype(np.float64) - ref)
-                                 / np.linalg.norm(ref))  # fmt: skip
+        errs[str(scale)] = float(
+            np.linalg.norm(cp.asnumpy(O).astype(np.float64) - ref) / np.linalg.norm(ref)
+        )
     empty = cp.zeros((2, 3, 0, d), dtype=q.dtype)
     O, lse = flash_attention(q, empty, empty, version=number, return_lse=True)
     no_keys = bool((cp.asnumpy(O) == 0).all() and np.isneginf(cp.asnumpy(lse)).all())
@@ -158,8 +176,11 @@ def hopper(request) -> frozenset:
     if cc != "90":
         pytest.skip(f"versions {NUMBERS} need compute capability 9.0 (sm_90a); this GPU is {cc}")
     here = Path(__file__).resolve()
-    params = [it.callspec.params for it in request.session.items
-              if Path(it.path).resolve() == here and hasattr(it, "callspec")]  # fmt: skip
+    params = [
+        it.callspec.params
+        for it in request.session.items
+        if Path(it.path).resolve() == here and hasattr(it, "callspec")
+    ]
     return frozenset((p["number"], p["dtype"], p["d"]) for p in params if "number" in p)
 
 
@@ -178,8 +199,11 @@ def run_child(cmd: list[str], timeout: float) -> tuple[dict, str]:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parents[1]
         )
-        out, err, trouble = proc.stdout, proc.stderr, "" if proc.returncode == 0 else (
-            f"child exited with {proc.returncode}")  # fmt: skip
+        out, err, trouble = (
+            proc.stdout,
+            proc.stderr,
+            "" if proc.returncode == 0 else (f"child exited with {proc.returncode}"),
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
@@ -226,8 +250,9 @@ def _check_result(r, what: str, dtype: str) -> None:
     )
 
 
-@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
-                                                          for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}" for c in CASES]
+)
 @pytest.mark.parametrize("number,dtype,d", GROUPS, ids=GROUP_IDS)
 def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
     r = _result(hopper, number, dtype, d, json.dumps([list(lead), Nq, Nk, causal]))
@@ -235,16 +260,20 @@ def test_sm90a_matches_float64(hopper, number, dtype, d, lead, Nq, Nk, causal):
     _check_result(r, what, dtype)
 
 
-@pytest.mark.parametrize("lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}"
-                                                          for c in CASES])  # fmt: skip
-@pytest.mark.parametrize("number,dtype,d", PERSISTENT,
-                         ids=[f"v{n}-{dt}-d{d}" for n, dt, d in PERSISTENT])  # fmt: skip
+@pytest.mark.parametrize(
+    "lead,Nq,Nk,causal", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-causal{c[3]}" for c in CASES]
+)
+@pytest.mark.parametrize(
+    "number,dtype,d", PERSISTENT, ids=[f"v{n}-{dt}-d{d}" for n, dt, d in PERSISTENT]
+)
 def test_sm90a_persistent_few_blocks(hopper, number, dtype, d, lead, Nq, Nk, causal):
     """The same case on at most FEW_BLOCKS blocks: each walks many work tiles."""
     r = _result(hopper, number, dtype, d, json.dumps(["few_blocks", list(lead), Nq, Nk, causal]))
     Tr = -(-Nq // VERSIONS[number].Br)
-    what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} on "
-            f"{FEW_BLOCKS} blocks ({Tr * int(np.prod(lead))} work tiles)")  # fmt: skip
+    what = (
+        f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} on "
+        f"{FEW_BLOCKS} blocks ({Tr * int(np.prod(lead))} work tiles)"
+    )
     _check_result(r, what, dtype)
     rep = _result(hopper, number, dtype, d, json.dumps("repeat_few_blocks"))
     assert rep["O_bits_differ"] == 0 and rep["lse_same"], (
@@ -259,10 +288,17 @@ def test_sm90a_persistent_few_blocks(hopper, number, dtype, d, lead, Nq, Nk, cau
 def test_sm90a_persistent_sections(hopper, number, dtype, d, few):
     """More work tiles than SMs (several per block on every SM), causal in sections of heads."""
     lead, Nq, Nk, causal = SECTIONS
-    r = _result(hopper, number, dtype, d, json.dumps([*(["few_blocks"] if few else []),
-                                                      list(lead), Nq, Nk, causal]))  # fmt: skip
-    what = (f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} "
-            f"({'at most ' + str(FEW_BLOCKS) if few else 'one per SM,'} blocks)")  # fmt: skip
+    r = _result(
+        hopper,
+        number,
+        dtype,
+        d,
+        json.dumps([*(["few_blocks"] if few else []), list(lead), Nq, Nk, causal]),
+    )
+    what = (
+        f"v{number} {dtype} d={d} q{(*lead, Nq, d)} k{(*lead, Nk, d)} causal={causal} "
+        f"({'at most ' + str(FEW_BLOCKS) if few else 'one per SM,'} blocks)"
+    )
     _check_result(r, what, dtype)
 
 

@@ -52,8 +52,15 @@ def test_grouped_forward_matches_float64(cp, lead, Hq, Hkv, Nq, Nk, d, version, 
     kr, vr = (cp.asarray(np.repeat(x, G, axis=-3)) for x in (k, v))  # baseline only
     naive = cp.asnumpy(_naive_same_precision(cp, cp.asarray(q), kr, vr, causal))
     out = cp.full(q.shape, np.nan, dtype=cp.float32).astype(q.dtype)  # NaN if unwritten
-    O, lse = flash_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                             version=version, return_lse=True, out=out)  # fmt: skip
+    O, lse = flash_attention(
+        cp.asarray(q),
+        cp.asarray(k),
+        cp.asarray(v),
+        causal=causal,
+        version=version,
+        return_lse=True,
+        out=out,
+    )
     got, got_lse = cp.asnumpy(O), cp.asnumpy(lse)
     label = f"{lead} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} version={version} {causal=}"
     assert not np.isnan(got).any(), f"{label}: O has NaN (an element never written)"
@@ -111,8 +118,9 @@ def test_grouped_backward_matches_float64(cp, lead, Hq, Hkv, Nq, Nk, d, causal, 
     f64 = [x.astype(np.float64) for x in (q, k, v, do)]
     o, lse = naive_attention(*f64[:3], causal=causal, return_lse=True)
     o, lse = o.astype(dt), lse.astype(np.float32)  # what a forward kernel hands on
-    ref = naive_attention_backward(*f64[:3], o.astype(np.float64), lse.astype(np.float64),
-                                   f64[3], causal=causal)  # fmt: skip
+    ref = naive_attention_backward(
+        *f64[:3], o.astype(np.float64), lse.astype(np.float64), f64[3], causal=causal
+    )
     G, scale = Hq // Hkv, 1 / np.sqrt(d)
     gq, gk, gv, go, gdo = (cp.asarray(x) for x in (q, k, v, o, do))
     kr, vr = (cp.repeat(x, G, axis=-3) for x in (gk, gv))
@@ -126,8 +134,9 @@ def test_grouped_backward_matches_float64(cp, lead, Hq, Hkv, Nq, Nk, d, causal, 
     for ver in BWD_VERSIONS.values():
         if ver.arch:  # sm_90a: in child processes only (tests/backward/test_backward_sm90a.py)
             continue
-        got = flash_attention_backward(gq, gk, gv, go, cp.asarray(lse), gdo, causal=causal,
-                                       version=ver.number)  # fmt: skip
+        got = flash_attention_backward(
+            gq, gk, gv, go, cp.asarray(lse), gdo, causal=causal, version=ver.number
+        )
         got = [cp.asnumpy(x) for x in got]
         errs = _rel_errs(got, ref)
         Tc = -(-Nk // ver.Bc)

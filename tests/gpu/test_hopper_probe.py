@@ -31,8 +31,13 @@ pytestmark = pytest.mark.gpu
 TIMEOUT_S = 60
 DTYPES = ("float16", "bfloat16")
 STAGES = ("tma", "pipeline", "ss_hand", "ss_tma", "rs")
-CASES = [(s, dt, n) for s in STAGES for dt in DTYPES for n in (64, 128)
-         if not (s == "pipeline" and n == 128)]  # fmt: skip
+CASES = [
+    (s, dt, n)
+    for s in STAGES
+    for dt in DTYPES
+    for n in (64, 128)
+    if not (s == "pipeline" and n == 128)
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +56,18 @@ def hopper():
 
 def run_stage(stage: str, dtype: str, n: int, *extra: str) -> dict:
     """The JSON result of one stage in a fresh process; pytest.fail on a hang or a crash."""
-    cmd = [sys.executable, "-m", "flashref.bench", "hopper_probe", stage, "--dtype", dtype,
-           "--n", str(n), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashref.bench",
+        "hopper_probe",
+        stage,
+        "--dtype",
+        dtype,
+        "--n",
+        str(n),
+        *extra,
+    ]
     what = f"{stage} {dtype} n={n} {' '.join(extra)}".strip()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -69,8 +84,10 @@ def run_stage(stage: str, dtype: str, n: int, *extra: str) -> dict:
 
 def report(result: dict) -> str:
     head = f"{result['stage']} {result['dtype']} n={result['n']}"
-    lines = [f"{'PASS' if ok else 'FAIL'} {head} | {name}: {detail}"
-             for name, ok, detail in result["checks"]]  # fmt: skip
+    lines = [
+        f"{'PASS' if ok else 'FAIL'} {head} | {name}: {detail}"
+        for name, ok, detail in result["checks"]
+    ]
     return "\n".join(lines)
 
 

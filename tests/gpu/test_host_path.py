@@ -143,8 +143,12 @@ def test_decode_with_device_tables_equals_host_tables(torch, fg):
     q, k, v, kp, vp, table = _decode_inputs(torch)
     lengths = [1000, 1, 517, 0]
     dev = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    _same(torch, (fg.decode_attention(q, k, v, lengths=dev),),
-          fg.decode_attention(q, k, v, lengths=lengths), "contiguous")  # fmt: skip
+    _same(
+        torch,
+        (fg.decode_attention(q, k, v, lengths=dev),),
+        fg.decode_attention(q, k, v, lengths=lengths),
+        "contiguous",
+    )
     got = fg.paged_decode_attention(q, kp, vp, table, dev.to(torch.int64))  # converted on device
     want = fg.paged_decode_attention(q, kp, vp, table.cpu().numpy(), lengths)
     # the split count follows the table's capacity for device tables, the longest length for
@@ -209,8 +213,9 @@ def test_torch_compile_fullgraph(torch, ft, mode):
         def forward(self, x):
             B, N, _ = x.shape
             q, k, v = self.qkv(x).view(B, N, 3, 2, 64).unbind(2)
-            y = ft.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                             is_causal=True)  # fmt: skip
+            y = ft.attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
             return y.transpose(1, 2).reshape(B, N, 128)
 
     torch.manual_seed(0)

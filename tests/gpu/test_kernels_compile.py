@@ -75,8 +75,13 @@ def test_probe_compiles_for_sm90(name, tmp_path):
     print(f"\n{name}:\n{proc.stdout + proc.stderr}")
 
 
-DECODE_CASES = [(ver, d, rt, dt) for ver in sorted(DECODE_VERSIONS) for d in (64, 128)
-                for rt in (1, 2) for dt in ("float16", "bfloat16")]  # fmt: skip
+DECODE_CASES = [
+    (ver, d, rt, dt)
+    for ver in sorted(DECODE_VERSIONS)
+    for d in (64, 128)
+    for rt in (1, 2)
+    for dt in ("float16", "bfloat16")
+]
 
 
 @pytest.mark.parametrize(
@@ -105,9 +110,11 @@ def test_decode_kernel_compiles_without_spills(version, d, row_tiles, dtype, tmp
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", part)
         stack = re.search(r"(\d+) bytes stack frame", part)
         assert regs and spills and stack, f"no resource report for {name}:\n{report}"
-        print(f"\n{name} d={d} rows={16 * row_tiles} {dtype}: {regs.group(1)} registers, "
-              f"stack {stack.group(1)} B, spill stores {spills.group(1)} B, "
-              f"spill loads {spills.group(2)} B")  # fmt: skip
+        print(
+            f"\n{name} d={d} rows={16 * row_tiles} {dtype}: {regs.group(1)} registers, "
+            f"stack {stack.group(1)} B, spill stores {spills.group(1)} B, "
+            f"spill loads {spills.group(2)} B"
+        )
         assert spills.group(1) == spills.group(2) == stack.group(1) == "0", report
     blocks = decode.blocks_per_sm(version, d, row_tiles)  # what the launch bounds promise
     assert decode.smem_bytes(d, row_tiles, version) * blocks <= 228 * 1024 - blocks * 1024
@@ -236,8 +243,14 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
     fake_launch.tensor_map_of = _Map
     device, stream = types.SimpleNamespace(id=0), types.SimpleNamespace(ptr=0)
     cuda = types.SimpleNamespace(Device=lambda: device, get_current_stream=lambda: stream)
-    cp = types.SimpleNamespace(empty=np.empty, zeros=np.zeros, float32=np.float32,
-                               uint16=np.uint16, uint32=np.uint32, cuda=cuda)  # fmt: skip
+    cp = types.SimpleNamespace(
+        empty=np.empty,
+        zeros=np.zeros,
+        float32=np.float32,
+        uint16=np.uint16,
+        uint32=np.uint32,
+        cuda=cuda,
+    )
     monkeypatch.setitem(sys.modules, "flashref.gpu._launch", fake_launch)
     monkeypatch.setattr(decode_launch, "_functions", functions)
     monkeypatch.setattr(decode_counters, "_buffers", {})  # never the real (GPU) buffers
@@ -257,8 +270,10 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
     for S in (1, 3):
         plan = decode.decode_plan(B, Hq, Hkv, Nq, Nk, d, 132, num_splits=S, version=version)
         common = {"Hkv": Hkv, "causal": False, "scale": 0.125, "plan": plan}
-        for what, (K, bt, ps, pages) in {"contiguous": (k, None, Nk, 1),
-                                         "paged": (kp, table, 64, Nk // 64)}.items():  # fmt: skip
+        for what, (K, bt, ps, pages) in {
+            "contiguous": (k, None, Nk, 1),
+            "paged": (kp, table, 64, Nk // 64),
+        }.items():
             calls.clear()
             decode_launch.launch(cp, q, K, K, bt, lengths, page_size=ps, max_pages=pages, **common)
             names = [c[0] for c in calls]
@@ -294,11 +309,14 @@ def test_roof_compiles_for_sm90(name, tmp_path):
 # Hopper-only kernels: wgmma and setmaxnreg need the sm_90a target (the -gencode form, which
 # nvcc 13.0 also accepts where -arch=sm_90a would run a plain sm_90 pass as well).
 SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
-HOPPER_CASES = [("probes/probe_wgmma.cu", ()), ("probes/probe_wgmma.cu", ("-DFLASHREF_BF16",)),
-                ("probes/roof_wgmma.cu", ()),
-                ("hopper/paged_prefill.cu", ("-DHEAD_DIM=64",)),
-                ("hopper/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
-                ("decode/paged_cache.cu", ())]  # fmt: skip
+HOPPER_CASES = [
+    ("probes/probe_wgmma.cu", ()),
+    ("probes/probe_wgmma.cu", ("-DFLASHREF_BF16",)),
+    ("probes/roof_wgmma.cu", ()),
+    ("hopper/paged_prefill.cu", ("-DHEAD_DIM=64",)),
+    ("hopper/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
+    ("decode/paged_cache.cu", ()),
+]
 
 
 def _nvcc(path, arch, defines, tmp_path):
@@ -308,9 +326,11 @@ def _nvcc(path, arch, defines, tmp_path):
     return cmd, proc
 
 
-@pytest.mark.parametrize("name,defines", HOPPER_CASES, ids=["probe-fp16", "probe-bf16", "roof",
-                                                            "prefill-d64", "prefill-d128-bf16",
-                                                            "cache"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,defines",
+    HOPPER_CASES,
+    ids=["probe-fp16", "probe-bf16", "roof", "prefill-d64", "prefill-d128-bf16", "cache"],
+)
 def test_hopper_kernels_compile_for_sm90a(name, defines, tmp_path):
     """Every kernel of the file builds for sm_90a without spills or a stack frame."""
     cmd, proc = _nvcc(KERNEL_DIR / name, SM90A, defines, tmp_path)
@@ -343,9 +363,10 @@ def _tag(ver) -> str:
 
 
 @pytest.mark.parametrize(
-    "ver,d,dtype", HOPPER_VERSION_CASES,
+    "ver,d,dtype",
+    HOPPER_VERSION_CASES,
     ids=[f"{_tag(v)}-d{d}-{dt}" for v, d, dt in HOPPER_VERSION_CASES],
-)  # fmt: skip
+)
 def test_hopper_version_compiles_for_sm90a(ver, d, dtype, tmp_path):
     """The text NVRTC is given, for the version's own target: no spills, wgmma not serialized."""
     assert ver.arch == "sm_90a"
@@ -359,9 +380,11 @@ def test_hopper_version_compiles_for_sm90a(ver, d, dtype, tmp_path):
         r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill", report
     )
     assert regs and frame, f"no resource report in nvcc output:\n{report}"
-    print(f"\n{_tag(ver)} {ver.file} d={d} {dtype}: {regs.group(1)} registers, "
-          f"{ver.smem_bytes(d)} bytes dynamic shared memory, stack {frame.group(1)} B, "
-          f"spill stores {frame.group(2)} B, spill loads {frame.group(3)} B")  # fmt: skip
+    print(
+        f"\n{_tag(ver)} {ver.file} d={d} {dtype}: {regs.group(1)} registers, "
+        f"{ver.smem_bytes(d)} bytes dynamic shared memory, stack {frame.group(1)} B, "
+        f"spill stores {frame.group(2)} B, spill loads {frame.group(3)} B"
+    )
     assert frame.groups() == ("0", "0", "0"), report
     assert int(regs.group(1)) * ver.threads <= 64 * 1024, report  # one block fits an SM
     assert "C7510" not in report and "serialized" not in report, report
@@ -415,8 +438,13 @@ def test_hopper_header_refuses_plain_sm90(tmp_path):
 # The backward versions and their shared preprocess/convert kernels: every (version, d, dtype)
 # compiles without spills; the report is printed as for the forward.
 # (The sm_90a ones are among HOPPER_VERSION_CASES above, compiled for their own target.)
-BWD_CASES = [(ver, d, dt) for ver in BWD_VERSIONS.values() if not ver.arch
-             for dt in ver.dtypes for d in (64, 128)]  # fmt: skip
+BWD_CASES = [
+    (ver, d, dt)
+    for ver in BWD_VERSIONS.values()
+    if not ver.arch
+    for dt in ver.dtypes
+    for d in (64, 128)
+]
 
 
 def _compile_source(name: str, source: str, defines, tmp_path) -> str:

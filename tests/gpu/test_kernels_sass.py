@@ -36,8 +36,17 @@ def _sass(number: int, d: int, tmp_path) -> list[tuple[int, str]]:
     ver = VERSIONS[number]
     src, cubin = tmp_path / ver.file, tmp_path / f"v{number}_{d}.cubin"
     src.write_text(ver.source())
-    cmd = ["nvcc", *SM90A, "-cubin", f"-I{KERNEL_DIR}", *ver.defines(d, "float16"),
-           "--std=c++17", "-o", str(cubin), str(src)]  # fmt: skip
+    cmd = [
+        "nvcc",
+        *SM90A,
+        "-cubin",
+        f"-I{KERNEL_DIR}",
+        *ver.defines(d, "float16"),
+        "--std=c++17",
+        "-o",
+        str(cubin),
+        str(src),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
     dump = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True)

@@ -10,15 +10,29 @@ from flashref.gpu import listing as ls
 
 
 def test_drop_renames_keeps_every_hunk_but_the_new_name():
-    diff = "\n".join([
-        "--- v03_mma.cu", "+++ v04_padded.cu",
-        "@@ -10,1 +10,1 @@", "-#define LDS D", "+#define LDS (D + 8)",
-        "@@ -29,1 +29,1 @@", "-flash_v3(const half_t* Q,", "+flash_v4(const half_t* Q,",
-        "@@ -40,1 +40,1 @@", "-call(flash_v3(x));", "+call(flash_v4(y));",
-    ])  # fmt: skip
+    diff = "\n".join(
+        [
+            "--- v03_mma.cu",
+            "+++ v04_padded.cu",
+            "@@ -10,1 +10,1 @@",
+            "-#define LDS D",
+            "+#define LDS (D + 8)",
+            "@@ -29,1 +29,1 @@",
+            "-flash_v3(const half_t* Q,",
+            "+flash_v4(const half_t* Q,",
+            "@@ -40,1 +40,1 @@",
+            "-call(flash_v3(x));",
+            "+call(flash_v4(y));",
+        ]
+    )
     kept = ls.drop_renames(diff, 3, 4).splitlines()
-    assert kept[:5] == ["--- v03_mma.cu", "+++ v04_padded.cu", "@@ -10,1 +10,1 @@",
-                        "-#define LDS D", "+#define LDS (D + 8)"]  # fmt: skip
+    assert kept[:5] == [
+        "--- v03_mma.cu",
+        "+++ v04_padded.cu",
+        "@@ -10,1 +10,1 @@",
+        "-#define LDS D",
+        "+#define LDS (D + 8)",
+    ]
     assert "+flash_v4(const half_t* Q," not in kept  # the name alone: dropped
     assert "+call(flash_v4(y));" in kept  # the name and more: kept
     with pytest.raises(TypeError, match="diff is a NoneType"):

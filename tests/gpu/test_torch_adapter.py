@@ -30,11 +30,22 @@ import pytest
 from flashref.gpu.tolerances import FLOOR
 
 # (leading dims, Nq, Nk): N = 1, primes, not multiples of any tile, Nq != Nk both ways
-SHAPES = [((1, 1), 1, 1), ((2, 3), 17, 17), ((1, 2), 257, 257), ((2,), 100, 37),
-          ((1, 2), 37, 300), ((1, 1), 1000, 1000)]  # fmt: skip
+SHAPES = [
+    ((1, 1), 1, 1),
+    ((2, 3), 17, 17),
+    ((1, 2), 257, 257),
+    ((2,), 100, 37),
+    ((1, 2), 37, 300),
+    ((1, 1), 1000, 1000),
+]
 YARDSTICK_MAX = 0.05  # bf16's naive error is ~1e-2; anything far above means a broken yardstick
-CASES = [(dt, d, c, *s) for dt in ("float16", "bfloat16") for d in (64, 128)
-         for c in (False, True) for s in SHAPES]  # fmt: skip
+CASES = [
+    (dt, d, c, *s)
+    for dt in ("float16", "bfloat16")
+    for d in (64, 128)
+    for c in (False, True)
+    for s in SHAPES
+]
 
 
 def _id(case):
@@ -268,8 +279,9 @@ def test_a_transposed_gradient_takes_the_direct_route(torch, fa, monkeypatch):
 
     B, N, H, d = 2, 130, 3, 64
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn((B, H, N, d), generator=g).half().cuda().requires_grad_()
-               for _ in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn((B, H, N, d), generator=g).half().cuda().requires_grad_() for _ in range(3)
+    )
     dO_dense = torch.randn((B, H, N, d), generator=g).half().cuda()
     dO_view = dO_dense.transpose(1, 2).contiguous().transpose(1, 2)  # same values, transposed
     assert not dO_view.is_contiguous() and torch.equal(dO_view, dO_dense)

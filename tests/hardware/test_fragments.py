@@ -176,15 +176,17 @@ def test_blocks_and_description():
     assert fr.ldmatrix_x4_blocks(fr.q_address).tolist() == [[0, 0], [8, 0], [0, 8], [8, 8]]
     assert fr.ldmatrix_x4_blocks(fr.k_address).tolist() == [[0, 0], [0, 8], [8, 0], [8, 8]]
     assert fr.ldmatrix_x4_blocks(fr.v_address).tolist() == [[0, 0], [8, 0], [0, 8], [8, 8]]
-    assert fr.describe_load("Q") == "\n".join([
-        "Q_i (queries x d), the A operand of S = Q_i K_j^T:",
-        "  ldmatrix.x4 at Qs + (row0 + lane % 16) * LDS + k0 + (lane / 16) * 8",
-        "  lanes  0- 7 -> rows  0- 7, columns  0- 7: matrix 0 -> a0",
-        "  lanes  8-15 -> rows  8-15, columns  0- 7: matrix 1 -> a1",
-        "  lanes 16-23 -> rows  0- 7, columns  8-15: matrix 2 -> a2",
-        "  lanes 24-31 -> rows  8-15, columns  8-15: matrix 3 -> a3",
-        "  every lane's registers are its mma A fragments: True",
-    ])  # fmt: skip
+    assert fr.describe_load("Q") == "\n".join(
+        [
+            "Q_i (queries x d), the A operand of S = Q_i K_j^T:",
+            "  ldmatrix.x4 at Qs + (row0 + lane % 16) * LDS + k0 + (lane / 16) * 8",
+            "  lanes  0- 7 -> rows  0- 7, columns  0- 7: matrix 0 -> a0",
+            "  lanes  8-15 -> rows  8-15, columns  0- 7: matrix 1 -> a1",
+            "  lanes 16-23 -> rows  0- 7, columns  8-15: matrix 2 -> a2",
+            "  lanes 24-31 -> rows  8-15, columns  8-15: matrix 3 -> a3",
+            "  every lane's registers are its mma A fragments: True",
+        ]
+    )
     with pytest.raises(ValueError, match="lanes 0-7 do not point at one 8 x 8 block"):
         fr.ldmatrix_x4_blocks(lambda lane: (2 * lane, 0))
 
@@ -240,8 +242,22 @@ def _ldsm_calls(path):
 def _evaluate(expression: str, lane: int, **offsets) -> tuple[int, int]:
     """Evaluate a kernel's address (C integer arithmetic, all operands >= 0) as (row, col)."""
     LDS = 1000  # any stride wider than a row decodes the offset uniquely
-    names = dict(Qs=0, Ks=0, Vs=0, Ts=0, LDS=LDS, lane=lane, warp=0, wrow0=0, mi=0, row0=0,
-                 k0=0, kk=0, j=0, n=0)  # fmt: skip
+    names = dict(
+        Qs=0,
+        Ks=0,
+        Vs=0,
+        Ts=0,
+        LDS=LDS,
+        lane=lane,
+        warp=0,
+        wrow0=0,
+        mi=0,
+        row0=0,
+        k0=0,
+        kk=0,
+        j=0,
+        n=0,
+    )
     names.update(offsets)
     # the expression is read from this repository's .cu files; it has names and + * / % only
     offset = eval(expression.replace("/", "//"), {"__builtins__": {}}, names)
@@ -272,8 +288,12 @@ def _byte_address(expression: str, lane_defs: dict, lane: int, **offsets) -> tup
     }
     names.update(lanes)
     # Ks and Vs already hold their lane offsets; Qs does where the call does not add a_lane
-    names.update(Qs=0 if "a_lane" in expression else lanes["a_lane"], Ks=lanes["k_lane"],
-                 Vs=lanes["v_lane"], HB=0)  # fmt: skip
+    names.update(
+        Qs=0 if "a_lane" in expression else lanes["a_lane"],
+        Ks=lanes["k_lane"],
+        Vs=lanes["v_lane"],
+        HB=0,
+    )
     offset = eval(expression.replace("/", "//"), {"__builtins__": {}}, names)
     assert offset % 2 == 0, f"odd byte offset {offset} in {expression}"
     return divmod(offset // 2, LDS)
@@ -352,12 +372,18 @@ def test_probe_uses_the_kernel_patterns():
 
 
 def test_bad_indices_are_named():
-    for bad, exc, msg in [(32, ValueError, r"lane must be in 0\.\.31, got 32"),
-                          (-1, ValueError, r"lane must be in 0\.\.31, got -1"),
-                          (1.0, TypeError, "lane must be an int, got float"),
-                          (True, TypeError, "lane must be an int, got bool")]:  # fmt: skip
-        for call in (lambda x: fr.mma_a(x, 0, 0), lambda x: fr.mma_c(x, 0),
-                     lambda x: fr.ldmatrix_x4(x, 0, 0), fr.q_address):  # fmt: skip
+    for bad, exc, msg in [
+        (32, ValueError, r"lane must be in 0\.\.31, got 32"),
+        (-1, ValueError, r"lane must be in 0\.\.31, got -1"),
+        (1.0, TypeError, "lane must be an int, got float"),
+        (True, TypeError, "lane must be an int, got bool"),
+    ]:
+        for call in (
+            lambda x: fr.mma_a(x, 0, 0),
+            lambda x: fr.mma_c(x, 0),
+            lambda x: fr.ldmatrix_x4(x, 0, 0),
+            fr.q_address,
+        ):
             with pytest.raises(exc, match=msg):
                 call(bad)
     with pytest.raises(ValueError, match=r"reg must be in 0\.\.1, got 2"):
@@ -460,8 +486,9 @@ def test_import_needs_neither_cupy_nor_matplotlib():
 def probes():
     import cupy as cp
 
-    module = cp.RawModule(code=(KERNEL_DIR / "probes" / "probe_fragments.cu").read_text(),
-                          options=("--std=c++17",))  # fmt: skip
+    module = cp.RawModule(
+        code=(KERNEL_DIR / "probes" / "probe_fragments.cu").read_text(), options=("--std=c++17",)
+    )
     return cp, module
 
 

@@ -304,8 +304,11 @@ def test_draw_accumulators_labels_come_from_the_map(n, warp, close_figures):
     assert labels == want
     assert labels[:3] == [f"T{32 * warp} d0", f"T{32 * warp} d1", f"T{32 * warp + 1} d0"]
     # the line on the next columns: columns 8-15 are the same threads, registers 4 on
-    assert all(held[r, c + 8] == (held[r, c][0], held[r, c][1] + 4)
-               for r in range(16 * warp, 16 * warp + 16) for c in range(8))  # fmt: skip
+    assert all(
+        held[r, c + 8] == (held[r, c][0], held[r, c][1] + 4)
+        for r in range(16 * warp, 16 * warp + 16)
+        for c in range(8)
+    )
     assert any(x.startswith("columns 8-15: the same threads, registers d4-d7;") for x in texts)
     with pytest.raises(ValueError, match=r"warp must be in 0\.\.3, got 4"):
         hf.draw_accumulators(64, 4)

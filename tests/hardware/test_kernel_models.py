@@ -136,12 +136,18 @@ def test_the_ring_is_the_kernels_loop():
     assert VERSIONS[5].stages(64) == 2 and VERSIONS[11].stages(64) == 3
     # v5: issue, commit, wait, barrier ... barrier at the loop's end; v11: wait, barrier, issue
     loop5 = v5[v5.index("for (int it = 0;") :]
-    assert loop5.index("load_tile_async") < loop5.index("cp_async_wait<1>") < loop5.index(
-        "__syncthreads")  # fmt: skip
+    assert (
+        loop5.index("load_tile_async")
+        < loop5.index("cp_async_wait<1>")
+        < loop5.index("__syncthreads")
+    )
     assert loop5.count("__syncthreads();") == 2
     loop11 = v11[v11.index("for (int it = 0;") :]
-    assert loop11.index("cp_async_wait<1>") < loop11.index("__syncthreads") < loop11.index(
-        "load_tile_async")  # fmt: skip
+    assert (
+        loop11.index("cp_async_wait<1>")
+        < loop11.index("__syncthreads")
+        < loop11.index("load_tile_async")
+    )
     assert loop11.count("__syncthreads();") == 1
 
 
@@ -191,8 +197,12 @@ def test_figures_are_drawn_from_the_models(close_figures):
     fig = kf.draw_warp_split(64)
     assert fig.get_size_inches()[0] * fig.dpi == 800
     notes = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert notes == ["warp 0: 0-1, 16-17, 32-33, 48-49", "warp 0: 0-7",
-                     "warp 0: 0-1, 16-17, 32-33, 48-49", "warp 0: 0-15"]  # fmt: skip
+    assert notes == [
+        "warp 0: 0-1, 16-17, 32-33, 48-49",
+        "warp 0: 0-7",
+        "warp 0: 0-1, 16-17, 32-33, 48-49",
+        "warp 0: 0-15",
+    ]
     fig = kf.draw_bank_map("K", 128)
     titles = [ax.get_title() for ax in fig.axes]
     assert titles[0].endswith("8 passes") and titles[1].endswith("1 pass")

@@ -10,8 +10,12 @@ from flashref.hardware import occupancy as oc
 
 
 def test_resident_warps_takes_the_tightest_budget():
-    device = {"smem_per_sm_bytes": 228 * 1024, "smem_per_block_optin_bytes": 227 * 1024,
-              "registers_per_sm": 65536, "max_threads_per_sm": 2048}  # fmt: skip
+    device = {
+        "smem_per_sm_bytes": 228 * 1024,
+        "smem_per_block_optin_bytes": 227 * 1024,
+        "registers_per_sm": 65536,
+        "max_threads_per_sm": 2048,
+    }
     budget = oc.sm_budget(device)
     info = SimpleNamespace(threads=128, smem_bytes=lambda d: 1024)
     # registers: 255 per thread -> 8192 per warp -> 8 warps; threads allow 64

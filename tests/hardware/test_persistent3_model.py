@@ -43,8 +43,16 @@ def test_v28_splits_of_a_192_row_query_block():
     assert wt.block_tiles(0, 1, 1000, 1000, 1, True)[0][1] == (8, 8)  # version 27: a pair
 
 
-SHAPES = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (1000, 4097), (4097, 1000), (1000, 130),
-          (17, 4097)]  # fmt: skip
+SHAPES = [
+    (1, 1),
+    (17, 17),
+    (1000, 1000),
+    (4097, 4097),
+    (1000, 4097),
+    (4097, 1000),
+    (1000, 130),
+    (17, 4097),
+]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -114,8 +122,11 @@ def test_v28_model_catches_mistakes():
 
     def idle_keeps_q(cw, tiles):  # a warpgroup with no tile of its own never frees Q
         n_idle = [n for n, (_, s) in enumerate(tiles) if s[cw] == 0]
-        return [op for op in p3.block_consumer3(cw, tiles)
-                if not (op[0] == "free_q" and op[1] in n_idle)]  # fmt: skip
+        return [
+            op
+            for op in p3.block_consumer3(cw, tiles)
+            if not (op[0] == "free_q" and op[1] in n_idle)
+        ]
 
     with pytest.raises(ScheduleError, match="deadlock"):
         p3.run_blocks3(tiles, 3, program=idle_keeps_q)
@@ -153,8 +164,9 @@ def test_v28_block_tiles_balanced():
             order = [wt.work_tile(i, Tr, BH, causal, G) for i in range(Tr * BH)]
             assert sorted(order) == [(qb, bh) for qb in range(Tr) for bh in range(BH)]
             grid = VERSIONS[28].grid(Nq, BH, 132)[0]
-            work = [sum(n + 1 for n, _ in _tiles28(b, grid, Nq, Nq, BH, causal))
-                    for b in range(grid)]  # fmt: skip
+            work = [
+                sum(n + 1 for n, _ in _tiles28(b, grid, Nq, Nq, BH, causal)) for b in range(grid)
+            ]
             n_max = -(-Nq // 128)
             assert max(work) - min(work) <= 2 * (n_max + 1), (Nq, BH, causal, work)
     # B*H = 128 heads at Nq = 4096, d = 64, causal: sections of 30 heads x 22 levels = 660 =

@@ -154,8 +154,10 @@ def _random_tiles(rng, n_items):
 def _barrier_counts(events):
     """{barrier: (arrivals, waits)}: bar.arrive of the other warpgroup against bar.sync."""
     ops = [(e.who, e.op) for e in events if e.who != "producer"]
-    return {b: (sum(op == ("arrive", b) for _, op in ops), sum(op == ("sync", b) for _, op in ops))
-            for b in (0, 1)}  # fmt: skip
+    return {
+        b: (sum(op == ("arrive", b) for _, op in ops), sum(op == ("sync", b) for _, op in ops))
+        for b in (0, 1)
+    }
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -171,8 +173,9 @@ def test_work_tile_lists_alternate_and_end_balanced(seed):
         assert _barrier_counts(events) == {0: (n_turns, n_turns), 1: (n_turns, n_turns)}
         where = {(e.who, e.op): i for i, e in enumerate(events)}
         for n in range(1, len(tiles)):  # the next Q only after both warpgroups' last S
-            assert where[("producer", ("load_q", n))] > max(where[(cw, ("free_q", n - 1))]
-                                                            for cw in (0, 1))  # fmt: skip
+            assert where[("producer", ("load_q", n))] > max(
+                where[(cw, ("free_q", n - 1))] for cw in (0, 1)
+            )
             for cw in (0, 1):
                 assert where[(cw, ("wait_q", n))] > where[("producer", ("load_q", n))]
 
@@ -201,8 +204,14 @@ def test_v27_block_tiles_cover_the_list_longest_first():
     each block's whole schedule runs."""
     from flashref.hardware.work_tiles import L2_KV_BYTES, block_tiles, section_heads, work_tile
 
-    shapes = [(1024, 512, 128), (1024, 512, 64), (4096, 128, 128), (16384, 32, 64), (1000, 7, 64),
-              (17, 3, 128)]  # fmt: skip
+    shapes = [
+        (1024, 512, 128),
+        (1024, 512, 64),
+        (4096, 128, 128),
+        (16384, 32, 64),
+        (1000, 7, 64),
+        (17, 3, 128),
+    ]
     for (Nq, BH, d), causal in [(s, c) for s in shapes for c in (True, False)]:
         Tr, G = -(-Nq // 128), section_heads(Nq, d, BH)
         assert G == BH or G * Nq * d * 4 <= L2_KV_BYTES < (G + 1) * Nq * d * 4
@@ -216,8 +225,9 @@ def test_v27_block_tiles_cover_the_list_longest_first():
         else:  # a head's query blocks side by side
             assert [bh for _, bh in order] == sorted(bh for _, bh in order)
         grid = min(Tr * BH, 132)
-        work = [sum(n + 1 for n, _ in block_tiles(b, grid, Nq, Nq, BH, causal, d))
-                for b in range(grid)]  # fmt: skip
+        work = [
+            sum(n + 1 for n, _ in block_tiles(b, grid, Nq, Nq, BH, causal, d)) for b in range(grid)
+        ]
         assert max(work) - min(work) <= 2 * (Tr + 1), (Nq, BH, d, causal, min(work), max(work))
     assert section_heads(1024, 64, 7) == 7  # small cases: one section, longest first overall
     for b in range(6):  # ragged Nq != Nk, causal: the whole schedule of each block runs

@@ -57,13 +57,15 @@ def test_each_lane_stores_each_of_its_values_once(version):
     count = ss.groups(version, d)
     for w in range(4):
         for cw in (0, 1):
-            seen = np.stack([ss.store_offsets(version, d, n, h, w, cw)
-                             for n in range(count) for h in (0, 1)])  # fmt: skip
+            seen = np.stack(
+                [ss.store_offsets(version, d, n, h, w, cw) for n in range(count) for h in (0, 1)]
+            )
             assert len(np.unique(seen)) == seen.size  # (lanes x groups) distinct places
             if version in (18, 19):  # the same places as the version before, reordered
                 base = version - 2
-                ref = np.stack([ss.store_offsets(base, d, n, h, w, cw)
-                                for n in range(count) for h in (0, 1)])  # fmt: skip
+                ref = np.stack(
+                    [ss.store_offsets(base, d, n, h, w, cw) for n in range(count) for h in (0, 1)]
+                )
                 assert np.array_equal(np.sort(seen, axis=0), np.sort(ref, axis=0))
 
 

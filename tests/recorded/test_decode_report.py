@@ -27,8 +27,10 @@ def serving():
 
 
 def test_replayed_counts_agree_with_the_rows(run):
-    pairs = [(s, run.row[s, run.ours]["graph_gbps"] / run.row[s, "sdpa_cudnn"]["graph_gbps"])
-             for s in run.graph]  # fmt: skip
+    pairs = [
+        (s, run.row[s, run.ours]["graph_gbps"] / run.row[s, "sdpa_cudnn"]["graph_gbps"])
+        for s in run.graph
+    ]
     at = sum(x >= 1 for _, x in pairs)
     lines = dr.replayed_lines(run, dtypes=("float16",))
     assert f"  >= 1.0x cuDNN: {at} of {len(pairs)};" in "\n".join(lines)
@@ -69,8 +71,9 @@ def test_serving_lines_read_the_file(serving):
         assert f"{r['chunked_us']:.0f}" in line and f"{r['ratio_to_one_forward']:.2f}" in line
         assert f"{r['chunked_one_split_us']:.0f}" in line
     for r, line in zip(serving["prefill"], rows[-n:], strict=True):
-        fixed, per_tile = dr.prefill_fit(r["chunk_kernel_us"]["default"],
-                                         r["chunk_longest_tiles"]["default"])  # fmt: skip
+        fixed, per_tile = dr.prefill_fit(
+            r["chunk_kernel_us"]["default"], r["chunk_longest_tiles"]["default"]
+        )
         assert f"fixed {fixed:.1f} us, {per_tile:.2f} us per tile" in line
         assert len(r["chunk_kernel_us"]["default"]) == r["N"] // r["chunk"]
     gaps = [g for r in serving["generation"] for g in r["gap_at_difference"] if g is not None]
@@ -84,15 +87,30 @@ def test_prefill_fit_recovers_a_line():
 
 
 def test_generation_lines_name_where_sequences_part():
-    row = {"B": 2, "flashref_tokens_per_s": 10.0, "sdpa_tokens_per_s": 5.0,
-           "ratio_tokens_per_s": 2.0, "flashref_step_us": 1.0, "sdpa_step_us": 2.0,
-           "flashref_loop_copies": {"HtoD": 0, "DtoH": 0},
-           "sdpa_loop_copies": {"HtoD": 0, "DtoH": 0}, "flashref_loop_host_copies": 0,
-           "sequences_equal": 1, "first_difference": [None, 7]}  # fmt: skip
-    data = {"meta": {"generation_model": {"config": {"n_layers": 1, "d_model": 8, "n_heads": 1,
-                                                     "context": 16},
-                                          "train_steps": 1, "prompt": 4, "new_tokens": 8}},
-            "generation": [row]}  # fmt: skip
+    row = {
+        "B": 2,
+        "flashref_tokens_per_s": 10.0,
+        "sdpa_tokens_per_s": 5.0,
+        "ratio_tokens_per_s": 2.0,
+        "flashref_step_us": 1.0,
+        "sdpa_step_us": 2.0,
+        "flashref_loop_copies": {"HtoD": 0, "DtoH": 0},
+        "sdpa_loop_copies": {"HtoD": 0, "DtoH": 0},
+        "flashref_loop_host_copies": 0,
+        "sequences_equal": 1,
+        "first_difference": [None, 7],
+    }
+    data = {
+        "meta": {
+            "generation_model": {
+                "config": {"n_layers": 1, "d_model": 8, "n_heads": 1, "context": 16},
+                "train_steps": 1,
+                "prompt": 4,
+                "new_tokens": 8,
+            }
+        },
+        "generation": [row],
+    }
     text = "\n".join(dr.generation_lines(data))
     assert "identical: 1 of 2, first differences at tokens [7]" in text
     assert "flashref HtoD 0, DtoH 0" in text
@@ -177,9 +195,13 @@ def test_figures_draw():
 
 
 def test_listing_lines_fold_and_drop():
-    text = listing.lines("decode/v07_early_tiles.cu", "for (int it = 0; it < n_tiles; it++) {",
-                         "mbar_arrive(empty", fold=[("// online softmax", "// O += P V")],
-                         drop=["#pragma unroll"])  # fmt: skip
+    text = listing.lines(
+        "decode/v07_early_tiles.cu",
+        "for (int it = 0; it < n_tiles; it++) {",
+        "mbar_arrive(empty",
+        fold=[("// online softmax", "// O += P V")],
+        drop=["#pragma unroll"],
+    )
     lines = text.splitlines()
     assert "for (int it = 0; it < n_tiles" in lines[0] and "mbar_arrive(empty" in lines[-1]
     assert "#pragma unroll" not in text

@@ -35,13 +35,27 @@ STEPS = 60
 
 def _run(attention, seed, start, val):
     loss = [start - 0.01 * i for i in range(STEPS)]
-    return {"attention": attention, "seed": seed, "loss": loss, "val_loss": val,
-            "first_step_s": 1.5, "s_per_step": 0.01}  # fmt: skip
+    return {
+        "attention": attention,
+        "seed": seed,
+        "loss": loss,
+        "val_loss": val,
+        "first_step_s": 1.5,
+        "s_per_step": 0.01,
+    }
 
 
 def _training():
-    meta = {"gpu": "a GPU", "driver": "1.0", "torch": "2.11", "cupy": "14", "date": "2026-12-01",
-            "model": {"n_layers": 4}, "steps": STEPS, "dtype": "bfloat16"}  # fmt: skip
+    meta = {
+        "gpu": "a GPU",
+        "driver": "1.0",
+        "torch": "2.11",
+        "cupy": "14",
+        "date": "2026-12-01",
+        "model": {"n_layers": 4},
+        "steps": STEPS,
+        "dtype": "bfloat16",
+    }
     runs = [_run("flashref", 0, 4.5, 2.1), _run("sdpa", 0, 4.52, 2.0), _run("sdpa", 1, 4.0, 2.5)]
     return {"meta": meta, "runs": runs}
 
@@ -63,18 +77,23 @@ def test_training_file_and_summary(tmp_path):
 
 
 def _step_run(side, step_ms, host_ms, done_ms, gpu_us, attention_us):
-    return {"attention": side, "step_ms": step_ms, "forward_backward_host_ms": host_ms,
-            "forward_backward_done_ms": done_ms,
-            "profile": {"cpu_us": 9000.0, "gpu_us": gpu_us,
-                        "attention_us": attention_us}}  # fmt: skip
+    return {
+        "attention": side,
+        "step_ms": step_ms,
+        "forward_backward_host_ms": host_ms,
+        "forward_backward_done_ms": done_ms,
+        "profile": {"cpu_us": 9000.0, "gpu_us": gpu_us, "attention_us": attention_us},
+    }
 
 
 def _step_profile():
     meta = {"gpu": "a GPU", "date": "2026-12-02", "commit": "abcdef0123"}
-    runs = [_step_run("flashref", 12.0, 11.0, 11.05, 6600.0, [300.0, 500.0]),
-            _step_run("sdpa", 11.0, 10.0, 10.02, 6400.0, [250.0, 250.0]),
-            _step_run("flashref", 14.0, 13.0, 13.08, 7000.0, [320.0, 580.0]),
-            _step_run("sdpa", 13.0, 12.0, 12.01, 6500.0, [240.0, 260.0])]  # fmt: skip
+    runs = [
+        _step_run("flashref", 12.0, 11.0, 11.05, 6600.0, [300.0, 500.0]),
+        _step_run("sdpa", 11.0, 10.0, 10.02, 6400.0, [250.0, 250.0]),
+        _step_run("flashref", 14.0, 13.0, 13.08, 7000.0, [320.0, 580.0]),
+        _step_run("sdpa", 13.0, 12.0, 12.01, 6500.0, [240.0, 260.0]),
+    ]
     return {"meta": meta, "runs": runs}
 
 
@@ -86,8 +105,19 @@ def test_step_profile_lines(tmp_path):
     assert step_profile_lines(clocked, runs)[0] == (
         "a GPU, 2026-12-02, commit abcdef0, SM 1980 MHz: 2 rounds a side, interleaved"
     )
-    assert lines[2].split() == ["flashref", "12.0", "14.0", "11.0", "13.0", "11.1", "13.1",
-                                "6.6", "7.0", "800", "900"]  # fmt: skip
+    assert lines[2].split() == [
+        "flashref",
+        "12.0",
+        "14.0",
+        "11.0",
+        "13.0",
+        "11.1",
+        "13.1",
+        "6.6",
+        "7.0",
+        "800",
+        "900",
+    ]
     assert lines[3].split()[0] == "sdpa" and lines[3].split()[-2:] == ["500", "500"]
     assert lines[4] == "the GPU done at most 0.08 ms after the host, under 2% of a step: True"
     assert lines[5] == "attention's ranges, flashref minus SDPA (medians): +0.35 ms a step"
@@ -159,9 +189,21 @@ def test_nan_is_not_a_measurement(tmp_path):
 
 
 def _bwd_row(impl, version, N, tflops, direction="backward", causal=False):
-    return {"impl": impl, "direction": direction, "version": version, "dtype": "float16",
-            "d": 64, "causal": causal, "N": N, "B": 8, "H": 16, "ms": 1.0, "ms_min": 0.9,
-            "ms_max": 1.1, "tflops": tflops}  # fmt: skip
+    return {
+        "impl": impl,
+        "direction": direction,
+        "version": version,
+        "dtype": "float16",
+        "d": 64,
+        "causal": causal,
+        "N": N,
+        "B": 8,
+        "H": 16,
+        "ms": 1.0,
+        "ms_min": 0.9,
+        "ms_max": 1.1,
+        "tflops": tflops,
+    }
 
 
 def _backward():
@@ -182,8 +224,20 @@ def test_backward_table(tmp_path):
     assert lines[0].startswith("backward: TFLOP/s")
     blocks = "\n".join(lines[1:]).strip().split("\n\n")  # one per (dtype, d, causal)
     full, causal = (b.splitlines() for b in blocks)
-    assert full[0].split() == ["float16,", "d", "=", "64,", "causal", "False", "N", "=",
-                               "4096", "N", "=", "16384"]  # fmt: skip
+    assert full[0].split() == [
+        "float16,",
+        "d",
+        "=",
+        "64,",
+        "causal",
+        "False",
+        "N",
+        "=",
+        "4096",
+        "N",
+        "=",
+        "16384",
+    ]
     # bwd3 at 4096: 240 TFLOP/s, 240 / 480 to cuDNN, 240 / 300 to FLASH; no row at 16384
     assert full[1].split() == ["bwd3", "240", "0.50", "0.80", "-"]
     assert full[2].split() == ["SDPA", "FLASH", "300", "0.62", "1.00", "-"]
@@ -229,8 +283,11 @@ def _stepped():
     """Versions 1 and 2 at three shapes: 2's rounds all faster at two, overlapping at one;
     version 3 (sm_90a in the made-up registry below) faster than both everywhere."""
     rows = []
-    for N, (a, b) in {1024: ([1.0, 1.1], [0.8, 0.85]), 4096: ([2.0, 2.1], [1.6, 1.7]),
-                      16384: ([4.0, 4.4], [4.1, 4.2])}.items():  # fmt: skip
+    for N, (a, b) in {
+        1024: ([1.0, 1.1], [0.8, 0.85]),
+        4096: ([2.0, 2.1], [1.6, 1.7]),
+        16384: ([4.0, 4.4], [4.1, 4.2]),
+    }.items():
         rows.append(_rounds_row("flashref", 1, N, 100.0 / a[0], a))
         rows.append(_rounds_row("flashref", 2, N, 100.0 / b[0], b))
         rows.append(_rounds_row("flashref", 3, N, 1000.0, [0.1, 0.11]))
@@ -260,8 +317,10 @@ def test_backward_bench_names_a_row_without_rounds(tmp_path):
 
 
 def test_backward_profile_prints_backward_versions(tmp_path):
-    rows = [{"impl": f"bwd{n}", "d": 64, "lts__t_requests_op_red.sum": r * 1e6}
-            for n, r in ((1, 800.0), (2, 0.0))]  # fmt: skip
+    rows = [
+        {"impl": f"bwd{n}", "d": 64, "lts__t_requests_op_red.sum": r * 1e6}
+        for n, r in ((1, 800.0), (2, 0.0))
+    ]
     profile = backward_profile(_write(tmp_path, {"meta": {}, "rows": rows}))
     lines = counter_lines(profile, (1, 2), ["L2 reduction requests, M"], ratio=True)
     assert lines[1].split()[-3:] == ["800.0", "0.0", "0.00x"]
@@ -274,8 +333,10 @@ def test_best_backward_and_against_flash(tmp_path):
     _, rows = load_backward(_write(tmp_path, _stepped()))
     assert best_backward(rows, (1, 2)) == {("float16", 64, False): 2}
     assert best_backward(rows, (1, 2, 3)) == {("float16", 64, False): 3}
-    picks = {"two": lambda dtype, d, causal, N, got: 2,
-             "none": lambda dtype, d, causal, N, got: None}  # fmt: skip
+    picks = {
+        "two": lambda dtype, d, causal, N, got: 2,
+        "none": lambda dtype, d, causal, N, got: None,
+    }
     lines = against_flash_lines(rows, picks, target=0.8, goal=1.0)
     assert lines[0] == "N >= 4096, 2 configurations, TFLOP/s over SDPA FLASH's:"
     # version 2: 100 / 1.6 = 62.5 and 100 / 4.1 = 24.4 TFLOP/s against FLASH's 110
@@ -304,8 +365,13 @@ def test_stall_sampling_lines(tmp_path):
     def write(name, rows):
         return _write(tmp_path, {"meta": {}, "rows": rows}, name)
 
-    a = write("a.json", [{"d": 64, "stall_share": {"wait": 0.5, "barrier": 0.2, "selected": 0.3}},
-                         {"d": 128, "stall_share": {"wait": 0.4, "barrier": 0.4}}])  # fmt: skip
+    a = write(
+        "a.json",
+        [
+            {"d": 64, "stall_share": {"wait": 0.5, "barrier": 0.2, "selected": 0.3}},
+            {"d": 128, "stall_share": {"wait": 0.4, "barrier": 0.4}},
+        ],
+    )
     b = write("b.json", [{"d": 64, "stall_share": {"barrier": 0.1}}])
     lines = stall_sampling_lines({"bwd8": a, "bwd11": b}, top=2)
     # the two largest shares anywhere: wait (0.5), then barrier (0.4 at d = 128)
@@ -321,8 +387,16 @@ def test_public_against_cudnn_lines_counts_the_targets():
     from flashref.recorded.backward import public_against_cudnn_lines
 
     def row(impl, N, tflops, version=None, causal=False):
-        return {"impl": impl, "direction": "backward", "dtype": "float16", "d": 64,
-                "causal": causal, "N": N, "version": version, "tflops": tflops}  # fmt: skip
+        return {
+            "impl": impl,
+            "direction": "backward",
+            "dtype": "float16",
+            "d": 64,
+            "causal": causal,
+            "N": N,
+            "version": version,
+            "tflops": tflops,
+        }
 
     rows = [row("sdpa_cudnn", n, 100.0, causal=c) for n in (1024, 4096) for c in (False, True)]
     rows += [

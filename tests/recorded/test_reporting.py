@@ -16,9 +16,17 @@ DTYPES = ("float16", "bfloat16")
 
 def _row(impl, rounds, run_dtype="float16", d=64, causal=False, N=1024):
     ms = sorted(rounds)[len(rounds) // 2]
-    return {"impl": impl, "run_dtype": run_dtype, "d": d, "causal": causal, "N": N,
-            "round_ms": list(rounds), "ms": ms, "tflops": 100.0 / ms,
-            "spread": None}  # fmt: skip
+    return {
+        "impl": impl,
+        "run_dtype": run_dtype,
+        "d": d,
+        "causal": causal,
+        "N": N,
+        "round_ms": list(rounds),
+        "ms": ms,
+        "tflops": 100.0 / ms,
+        "spread": None,
+    }
 
 
 def _bench(times, name="made-up"):
@@ -158,14 +166,31 @@ def test_step_lines_print_speed_at_one_length_and_the_verdict():
     bench = _bench(_control_identical() | _all_shapes("v15", [2.0, 2.2]))
     lines = rp.step_lines(bench, 14, 15, at=4096)
     assert len(lines) == 3
-    assert lines[1].split() == ["d", "=", "64", "0.50x", "loss", "(0,", "4", "of", "4)",
-                                "causal", "0.50x", "loss", "(0,", "4", "of", "4)"]  # fmt: skip
+    assert lines[1].split() == [
+        "d",
+        "=",
+        "64",
+        "0.50x",
+        "loss",
+        "(0,",
+        "4",
+        "of",
+        "4)",
+        "causal",
+        "0.50x",
+        "loss",
+        "(0,",
+        "4",
+        "of",
+        "4)",
+    ]
 
 
 def test_a_version_of_one_head_dim_steps_only_there():
     # v15 built for d = 64 alone (as backward version 17): no d = 128 line, no error
-    only64 = {(impl, d, c): r for (impl, d, c), r in _all_shapes("v15", [0.5, 0.6]).items()
-              if d == 64}  # fmt: skip
+    only64 = {
+        (impl, d, c): r for (impl, d, c), r in _all_shapes("v15", [0.5, 0.6]).items() if d == 64
+    }
     bench = _bench(_control_identical() | only64)
     lines = rp.step_lines(bench, 14, 15, at=4096)
     assert len(lines) == 2 and lines[1].split()[:3] == ["d", "=", "64"]
@@ -192,25 +217,68 @@ def test_bench_load_reads_a_file_and_refuses_nan(tmp_path):
     with pytest.raises(ValueError, match="NaN is not a measurement"):
         rp.Bench.load(path)
     with pytest.raises(ValueError, match=r"rows\[0\] has no 'round_ms'"):
-        rp.Bench({"rows": [{"impl": "v1", "run_dtype": "float16", "d": 64, "causal": False,
-                            "N": 1, "tflops": 1.0}]})  # fmt: skip
+        rp.Bench(
+            {
+                "rows": [
+                    {
+                        "impl": "v1",
+                        "run_dtype": "float16",
+                        "d": 64,
+                        "causal": False,
+                        "N": 1,
+                        "tflops": 1.0,
+                    }
+                ]
+            }
+        )
 
 
 def _profile_row(impl, d, time_ns, ldsm, mma):
-    return {"impl": impl, "d": d, "gpu__time_duration.sum": time_ns,
-            "smsp__inst_executed_op_ldsm.sum": ldsm,
-            "sm__inst_executed_pipe_tensor_op_hmma.sum": mma}  # fmt: skip
+    return {
+        "impl": impl,
+        "d": d,
+        "gpu__time_duration.sum": time_ns,
+        "smsp__inst_executed_op_ldsm.sum": ldsm,
+        "sm__inst_executed_pipe_tensor_op_hmma.sum": mma,
+    }
 
 
 def test_counter_lines_print_values_ratios_and_gaps():
-    prof = rp.Profile({"meta": {}, "rows": [
-        _profile_row("v3", 64, 2e6, 10, 20), _profile_row("v4", 64, 1e6, 5, 20),
-        _profile_row("v3", 128, 4e6, 10, 0)]})  # fmt: skip
+    prof = rp.Profile(
+        {
+            "meta": {},
+            "rows": [
+                _profile_row("v3", 64, 2e6, 10, 20),
+                _profile_row("v4", 64, 1e6, 5, 20),
+                _profile_row("v3", 128, 4e6, 10, 0),
+            ],
+        }
+    )
     lines = rp.counter_lines(prof, [3, 4], ["time in ncu, ms", "ldmatrix per mma"], ratio=True)
-    assert lines[0].split() == ["v3", "d=64", "v4", "d=64", "new/old", "v3", "d=128", "v4",
-                                "d=128", "new/old"]  # fmt: skip
-    assert lines[1].split() == ["time", "in", "ncu,", "ms", "2.00", "1.00", "0.50x",
-                                "4.00", "-", "-"]  # fmt: skip
+    assert lines[0].split() == [
+        "v3",
+        "d=64",
+        "v4",
+        "d=64",
+        "new/old",
+        "v3",
+        "d=128",
+        "v4",
+        "d=128",
+        "new/old",
+    ]
+    assert lines[1].split() == [
+        "time",
+        "in",
+        "ncu,",
+        "ms",
+        "2.00",
+        "1.00",
+        "0.50x",
+        "4.00",
+        "-",
+        "-",
+    ]
     assert lines[2].split()[-6:] == ["0.500", "0.250", "0.50x", "nan", "-", "-"]
     with pytest.raises(ValueError, match="names: no counter 'speed'"):
         rp.counter_lines(prof, [3], ["speed"])

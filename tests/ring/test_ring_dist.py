@@ -45,8 +45,9 @@ def _qkv(shape, dv=None, seed=0, dtype=np.float64):
 def test_gloo_ring_equals_simulation_and_naive(W, layout, causal):
     N = 2 * W * 7  # 7 positions per zigzag chunk: not a power of two
     q, k, v = _qkv((2, 3, N, 12), dv=10, seed=W)
-    O, lse, pairs = ring_cli.ring_attention_gloo(q, k, v, world_size=W, causal=causal,
-                                                 layout=layout)  # fmt: skip
+    O, lse, pairs = ring_cli.ring_attention_gloo(
+        q, k, v, world_size=W, causal=causal, layout=layout
+    )
     O_sim, lse_sim, schedule = ring_attention(
         q, k, v, world_size=W, causal=causal, layout=layout, return_lse=True, return_schedule=True
     )
@@ -60,8 +61,9 @@ def test_gloo_ring_equals_simulation_and_naive(W, layout, causal):
 
 def test_gloo_ring_one_process_and_scale():
     q, k, v = _qkv((1, 2, 10, 8))
-    O, lse, pairs = ring_cli.ring_attention_gloo(q, k, v, world_size=1, causal=True,
-                                                 layout="zigzag", scale=-0.7)  # fmt: skip
+    O, lse, pairs = ring_cli.ring_attention_gloo(
+        q, k, v, world_size=1, causal=True, layout="zigzag", scale=-0.7
+    )
     O_ref, lse_ref = naive_attention(q, k, v, causal=True, scale=-0.7, return_lse=True)
     assert_close(O, O_ref, RTOL64, "O")
     assert_close(lse, lse_ref, RTOL64, "lse")
@@ -115,8 +117,7 @@ def test_merge_follows_merge_states():
 @pytest.mark.parametrize("causal", [False, True])
 def test_reference_attend(causal):
     q, k, v = _qkv((2, 9, 5), dv=3)
-    O, lse = ring_dist.reference_attend(*map(torch.from_numpy, (q, k, v)), causal=causal,
-                                        scale=0.4)  # fmt: skip
+    O, lse = ring_dist.reference_attend(*map(torch.from_numpy, (q, k, v)), causal=causal, scale=0.4)
     O_ref, lse_ref = naive_attention(q, k, v, causal=causal, scale=0.4, return_lse=True)
     assert_close(O.numpy(), O_ref, RTOL64, "O")
     assert_close(lse.numpy(), lse_ref, RTOL64, "lse")
@@ -164,11 +165,12 @@ def test_a_ring_in_a_group_of_a_larger_world():
     group's ranks and peers, the same result as the simulation."""
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal((2, 24, 5)) for _ in range(3))
-    O, lse, pairs = ring_cli.ring_attention_gloo(q, k, v, world_size=3, causal=True,
-                                                 layout="zigzag", spare=2)  # fmt: skip
-    want, want_lse, schedule = ring_attention(q, k, v, world_size=3, causal=True,
-                                              layout="zigzag", return_lse=True,
-                                              return_schedule=True)  # fmt: skip
+    O, lse, pairs = ring_cli.ring_attention_gloo(
+        q, k, v, world_size=3, causal=True, layout="zigzag", spare=2
+    )
+    want, want_lse, schedule = ring_attention(
+        q, k, v, world_size=3, causal=True, layout="zigzag", return_lse=True, return_schedule=True
+    )
     assert rel(O, want) <= RTOL64 and rel(lse, want_lse) <= RTOL64
     assert pairs.tolist() == schedule.pairs.tolist()
 
@@ -211,10 +213,32 @@ def test_cli_under_torchrun(tmp_path):
 
     out = tmp_path / "ring.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2", "-m", "flashref.bench", "ring"]  # fmt: skip
-    cmd = [*torchrun, "--cpu", "2", "--seq", "16", "--heads", "2", "--head-dim", "4",
-           "--causal", "--check", "--out", str(out)]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "flashref.bench",
+        "ring",
+    ]
+    cmd = [
+        *torchrun,
+        "--cpu",
+        "2",
+        "--seq",
+        "16",
+        "--heads",
+        "2",
+        "--head-dim",
+        "4",
+        "--causal",
+        "--check",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
@@ -228,8 +252,22 @@ def test_cli_under_torchrun(tmp_path):
 
 def test_cli_cpu_check_writes_json(tmp_path, capsys):
     out = tmp_path / "ring.json"
-    argv = ["--cpu", "3", "--seq", "42", "--heads", "2", "--head-dim", "6", "--layout",
-            "zigzag", "--causal", "--check", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--cpu",
+        "3",
+        "--seq",
+        "42",
+        "--heads",
+        "2",
+        "--head-dim",
+        "6",
+        "--layout",
+        "zigzag",
+        "--causal",
+        "--check",
+        "--out",
+        str(out),
+    ]
     assert ring_cli.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["check"]["passed"] and result["check"]["rel_err"] <= RTOL64
@@ -238,8 +276,9 @@ def test_cli_cpu_check_writes_json(tmp_path, capsys):
     env = {n: os.environ.get(n) for n in ring_cli.MULTICAST_OFF}
     assert result["provenance"]["env"] == env  # the caller's: without --no-multicast none set
     q = k = v = np.zeros((1, 1, 42, 1))
-    _, schedule = ring_attention(q, k, v, world_size=3, causal=True, layout="zigzag",
-                                 return_schedule=True)  # fmt: skip
+    _, schedule = ring_attention(
+        q, k, v, world_size=3, causal=True, layout="zigzag", return_schedule=True
+    )
     assert result["pairs"] == schedule.pairs.tolist()
     assert "check: passed" in capsys.readouterr().out
 
@@ -284,8 +323,9 @@ def test_gloo_ring_with_the_kernel(W, layout, causal):
     """The pairs a ring hands the kernel (full blocks, half blocks, diagonals), on one GPU."""
     N = 2 * W * 96  # chunks of 96: not a multiple of the kernels' tiles
     q, k, v = _qkv((1, 2, N, 64), seed=10 + W, dtype=np.float16)
-    O, lse, _ = ring_cli.ring_attention_gloo(q, k, v, world_size=W, causal=causal, layout=layout,
-                                             attend="flash")  # fmt: skip
+    O, lse, _ = ring_cli.ring_attention_gloo(
+        q, k, v, world_size=W, causal=causal, layout=layout, attend="flash"
+    )
     from flashref.gpu.tolerances import LSE_TOL, tolerance
 
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
@@ -311,26 +351,46 @@ def test_gloo_ring_with_the_kernel(W, layout, causal):
 @pytest.mark.parametrize("gpus", [1, 2])
 @pytest.mark.parametrize(
     "flags",
-    [["--layout", "zigzag", "--causal"], ["--layout", "contiguous", "--causal", "--dtype", "fp16"],
-     ["--layout", "zigzag"]],
+    [
+        ["--layout", "zigzag", "--causal"],
+        ["--layout", "contiguous", "--causal", "--dtype", "fp16"],
+        ["--layout", "zigzag"],
+    ],
     ids=["zigzag-causal-bf16", "contiguous-causal-fp16", "zigzag-bf16"],
-)  # fmt: skip
+)
 def test_cli_gpus(gpus, flags, tmp_path):
     """The launcher on 1 GPU (no transfer) or 2 (NCCL), against one-GPU attention."""
     have = torch.cuda.device_count()
     if have < gpus:
         pytest.skip(f"needs {gpus} GPUs; torch sees {have}")
     out = tmp_path / "ring.json"
-    argv = ["--gpus", str(gpus), "--seq", "4096", "--heads", "4", "--head-dim", "128",
-            "--check", "--warmup", "1", "--reps", "2", "--out", str(out), *flags]  # fmt: skip
+    argv = [
+        "--gpus",
+        str(gpus),
+        "--seq",
+        "4096",
+        "--heads",
+        "4",
+        "--head-dim",
+        "128",
+        "--check",
+        "--warmup",
+        "1",
+        "--reps",
+        "2",
+        "--out",
+        str(out),
+        *flags,
+    ]
     code = ring_cli.main(argv)
     result = json.loads(out.read_text())
     what = f"--gpus {gpus} {' '.join(flags)}"
     assert code == 0 and result["check"]["passed"], f"{what}: {json.dumps(result['check'])}"
     layout, causal = flags[1], "--causal" in flags
     x = np.zeros((1, 1, 4096, 1))
-    _, schedule = ring_attention(x, x, x, world_size=gpus, causal=causal, layout=layout,
-                                 return_schedule=True)  # fmt: skip
+    _, schedule = ring_attention(
+        x, x, x, world_size=gpus, causal=causal, layout=layout, return_schedule=True
+    )
     assert result["pairs"] == schedule.pairs.tolist(), f"{what}: pairs per (step, rank)"
     assert result["ring_ms"] > 0 and result["single_ms"] > 0, what
     for rank, steps in enumerate(result["steps"]):

@@ -37,8 +37,10 @@ def test_a_small_repository(tmp_path):
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "book" / "b.md").write_text("bb")
     (tmp_path / "book" / "a.md").write_text("aa")
-    cells = [{"cell_type": "markdown", "source": ["x", "y"]},
-             {"cell_type": "code", "source": ["print(1)"]}]  # fmt: skip
+    cells = [
+        {"cell_type": "markdown", "source": ["x", "y"]},
+        {"cell_type": "code", "source": ["print(1)"]},
+    ]
     (tmp_path / "notebooks" / "01.ipynb").write_text(json.dumps({"cells": cells}))
     assert book_text(tmp_path) == "aa\n\nbb\n\nxy\n"
 

@@ -19,8 +19,9 @@ torch = pytest.importorskip(
 from flashref.transformer import model as charmodel  # noqa: E402  (after the skip)
 
 # Small enough for the CPU, with heads of d = 64, which flashref's backward kernels take.
-TINY = charmodel.Config(n_layers=2, d_model=128, n_heads=2, context=32, batch_size=4, warmup=2,
-                        eval_batches=2)  # fmt: skip
+TINY = charmodel.Config(
+    n_layers=2, d_model=128, n_heads=2, context=32, batch_size=4, warmup=2, eval_batches=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +88,21 @@ def test_training_on_cpu_is_seeded(corpus):
 def test_runs_trained_in_turn_learn_as_alone(corpus):
     # train_in_turn alternates the runs' steps (for the timing); each run's losses must be
     # the ones it has trained alone, bit for bit, in either position of the plan
-    alone = [charmodel.train("sdpa", steps=5, seed=s, device="cpu", cfg=TINY, corpus=corpus)
-             for s in (0, 1)]  # fmt: skip
+    alone = [
+        charmodel.train("sdpa", steps=5, seed=s, device="cpu", cfg=TINY, corpus=corpus)
+        for s in (0, 1)
+    ]
     plan = [("sdpa", 1), ("sdpa", 0)]
     together = charmodel.train_in_turn(plan, steps=5, device="cpu", cfg=TINY, corpus=corpus)
     assert [(r["attention"], r["seed"]) for r in together] == plan
     for run, ref in zip(together, alone[::-1], strict=True):
         assert run["loss"] == ref["loss"] and run["val_loss"] == ref["val_loss"]
-    for bad, message in (([], "plan must name"), ([("sdpa", 0), ("sdpa",)], "pairs"),
-                         ([("sdpa", 0), ("cudnn", 1)], "attention must be one of"),
-                         ([("sdpa", 0), ("sdpa", True)], "int seed")):  # fmt: skip
+    for bad, message in (
+        ([], "plan must name"),
+        ([("sdpa", 0), ("sdpa",)], "pairs"),
+        ([("sdpa", 0), ("cudnn", 1)], "attention must be one of"),
+        ([("sdpa", 0), ("sdpa", True)], "int seed"),
+    ):
         with pytest.raises(ValueError, match=message):
             charmodel.train_in_turn(bad, steps=1, device="cpu", cfg=TINY, corpus=corpus)
 

@@ -52,8 +52,12 @@ DECODE_METRICS = (
     "sm__cycles_elapsed.avg.per_second",
 )
 # (B, Hkv, Nk, paged) with Hq = 32, d = 128, fp16, one query per sequence
-DECODE_SHAPES = ((1, 8, 32768, False), (8, 32, 32768, False), (8, 32, 32768, True),
-                 (32, 32, 4096, False))  # fmt: skip
+DECODE_SHAPES = (
+    (1, 8, 32768, False),
+    (8, 32, 32768, False),
+    (8, 32, 32768, True),
+    (32, 32, 4096, False),
+)
 CUDNN = "decode_sdpa_cudnn"  # the baseline's case at each contiguous shape
 TOP_STALLS = 4
 
@@ -64,10 +68,23 @@ def decode_plan(versions=None, cudnn: bool = True) -> list[dict]:
 
     chosen = sorted(VERSIONS) if not versions else [v for v in VERSIONS if v in versions]
     impls = [(f"decode_v{v}", v) for v in chosen] + ([(CUDNN, None)] if cudnn else [])
-    return [{"impl": impl, "version": v, "B": B, "Hq": 32, "Hkv": Hkv, "Nk": Nk,
-             "d": 128, "dtype": "float16", "paged": paged, "causal": False}
-            for B, Hkv, Nk, paged in DECODE_SHAPES for impl, v in impls
-            if not (paged and v is None)]  # fmt: skip
+    return [
+        {
+            "impl": impl,
+            "version": v,
+            "B": B,
+            "Hq": 32,
+            "Hkv": Hkv,
+            "Nk": Nk,
+            "d": 128,
+            "dtype": "float16",
+            "paged": paged,
+            "causal": False,
+        }
+        for B, Hkv, Nk, paged in DECODE_SHAPES
+        for impl, v in impls
+        if not (paged and v is None)
+    ]
 
 
 def kernel_rows(kernels: list[dict]) -> list[dict]:
@@ -76,22 +93,26 @@ def kernel_rows(kernels: list[dict]) -> list[dict]:
     for k in kernels:
         stalls = {m.group(1): k[c] for c in k if (m := STALL.match(c)) and isinstance(k[c], float)}
         top = dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS])
-        rows.append({
-            "kernel": str(k.get("Kernel Name"))[:60],
-            "us": (k.get("gpu__time_duration.sum") or 0) / 1e3,
-            "dram_read_mb": (k.get("dram__bytes_read.sum") or 0) / 1e6,
-            "dram_pct": k.get("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
-            "warps_active_pct": k.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
-            "issue_active_pct": k.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
-            "l2_hit_pct": k.get("lts__t_sector_hit_rate.pct"),
-            "top_stalls": top,
-        })  # fmt: skip
+        rows.append(
+            {
+                "kernel": str(k.get("Kernel Name"))[:60],
+                "us": (k.get("gpu__time_duration.sum") or 0) / 1e3,
+                "dram_read_mb": (k.get("dram__bytes_read.sum") or 0) / 1e6,
+                "dram_pct": k.get("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+                "warps_active_pct": k.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                "issue_active_pct": k.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+                "l2_hit_pct": k.get("lts__t_sector_hit_rate.pct"),
+                "top_stalls": top,
+            }
+        )
     return rows
 
 
 def print_rows(cases: list[dict]) -> None:
-    print("# decode versions under ncu: per kernel, us, DRAM MB read, DRAM % of peak, "
-          "warps active %, issue active %, L2 hit %, top stalls (cycles per issue)")  # fmt: skip
+    print(
+        "# decode versions under ncu: per kernel, us, DRAM MB read, DRAM % of peak, "
+        "warps active %, issue active %, L2 hit %, top stalls (cycles per issue)"
+    )
     for c in cases:
         where = f"B={c['B']} Hkv={c['Hkv']} Nk={c['Nk']}{' paged' if c['paged'] else ''}"
         for k in c.get("per_kernel", []):
@@ -101,10 +122,12 @@ def print_rows(cases: list[dict]) -> None:
                 return "-" if x is None else f"{x:.1f}"
 
             who = "cuDNN" if c["version"] is None else f"v{c['version']}"
-            print(f"  {who:5s} {where:24s} {k['kernel'][:22]:22s} {k['us']:8.1f} us "
-                  f"{k['dram_read_mb']:8.1f} MB dram {f(k['dram_pct'])}% warps "
-                  f"{f(k['warps_active_pct'])}% issue {f(k['issue_active_pct'])}% L2 hit "
-                  f"{f(k['l2_hit_pct'])}%: {stalls}")  # fmt: skip
+            print(
+                f"  {who:5s} {where:24s} {k['kernel'][:22]:22s} {k['us']:8.1f} us "
+                f"{k['dram_read_mb']:8.1f} MB dram {f(k['dram_pct'])}% warps "
+                f"{f(k['warps_active_pct'])}% issue {f(k['issue_active_pct'])}% L2 hit "
+                f"{f(k['l2_hit_pct'])}%: {stalls}"
+            )
 
 
 def run_decode(meta: dict, out: Path, versions=None) -> int:
@@ -115,10 +138,16 @@ def run_decode(meta: dict, out: Path, versions=None) -> int:
     with tempfile.TemporaryDirectory(prefix="flashref-ncu-") as tmp:
         kernels = run_ncu(plan, Path(tmp), DECODE_METRICS, DECODE_SECTIONS)
     groups = group_by_case(kernels, len(plan))
-    cases = [{**case, **summarise(g, DECODE_METRICS), "per_kernel": kernel_rows(g)}
-             for case, g in zip(plan, groups, strict=True)]  # fmt: skip
-    meta = {**meta, "metrics": list(DECODE_METRICS), "sections": list(DECODE_SECTIONS),
-            "shapes": "Hq = 32, d = 128, fp16, Nq = 1; (B, Hkv, Nk, paged) as in rows"}  # fmt: skip
+    cases = [
+        {**case, **summarise(g, DECODE_METRICS), "per_kernel": kernel_rows(g)}
+        for case, g in zip(plan, groups, strict=True)
+    ]
+    meta = {
+        **meta,
+        "metrics": list(DECODE_METRICS),
+        "sections": list(DECODE_SECTIONS),
+        "shapes": "Hq = 32, d = 128, fp16, Nq = 1; (B, Hkv, Nk, paged) as in rows",
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
     print(f"wrote {out} ({len(cases)} cases)")

@@ -47,12 +47,20 @@ def hopper_plan(versions=None) -> list[dict]:
     """v14, the sm_90a versions (or ``versions``) and SDPA cuDNN, d = 64 and 128, fp16; each
     version at the head dims it offers."""
 
-    chosen = [v for v in VERSIONS.values() if (v.arch or v.number == 14)
-              and (not versions or v.number in versions)]  # fmt: skip
-    impls = {d: [f"v{v.number}" for v in chosen if d in v.head_dims] + ["sdpa_cudnn"]
-             for d in (64, 128)}  # fmt: skip
-    return [{"impl": impl, "d": d, "causal": causal, "dtype": "float16", **PROFILE_SHAPE}
-            for d in (64, 128) for causal in (False, True) for impl in impls[d]]  # fmt: skip
+    chosen = [
+        v
+        for v in VERSIONS.values()
+        if (v.arch or v.number == 14) and (not versions or v.number in versions)
+    ]
+    impls = {
+        d: [f"v{v.number}" for v in chosen if d in v.head_dims] + ["sdpa_cudnn"] for d in (64, 128)
+    }
+    return [
+        {"impl": impl, "d": d, "causal": causal, "dtype": "float16", **PROFILE_SHAPE}
+        for d in (64, 128)
+        for causal in (False, True)
+        for impl in impls[d]
+    ]
 
 
 def print_hopper(cases: list[dict]) -> None:

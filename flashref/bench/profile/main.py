@@ -88,18 +88,27 @@ def version_plan(quick: bool = False, only=None) -> list[dict]:
     for d in (64,) if quick else (64, 128):
         for ver in VERSIONS.values():
             if d in ver.head_dims and (not only or ver.number in only):
-                plan.append({"impl": f"v{ver.number}", "d": d, "causal": False,
-                             "dtype": ver.dtype, **PROFILE_SHAPE})  # fmt: skip
+                plan.append(
+                    {
+                        "impl": f"v{ver.number}",
+                        "d": d,
+                        "causal": False,
+                        "dtype": ver.dtype,
+                        **PROFILE_SHAPE,
+                    }
+                )
     return plan
 
 
 def backward_plan(only=None) -> list[dict]:
     """Every backward version (or those in ``only``) at PROFILE_SHAPE, d = 64 and 128, fp16."""
 
-    return [{"impl": f"bwd{ver.number}", "d": d, "causal": False, "dtype": "float16",
-             **PROFILE_SHAPE}
-            for d in (64, 128) for ver in BWD_VERSIONS.values()
-            if d in ver.head_dims and (not only or ver.number in only)]  # fmt: skip
+    return [
+        {"impl": f"bwd{ver.number}", "d": d, "causal": False, "dtype": "float16", **PROFILE_SHAPE}
+        for d in (64, 128)
+        for ver in BWD_VERSIONS.values()
+        if d in ver.head_dims and (not only or ver.number in only)
+    ]
 
 
 def io_plan(quick: bool = False) -> list[dict]:
@@ -109,8 +118,10 @@ def io_plan(quick: bool = False) -> list[dict]:
         impls = ["naive_cupy", *(f"v{n}" for n in IO_FLASH_VERSIONS), "sdpa_flash"]
         plan += [{"impl": impl, **base} for impl in impls]
     paper = {"causal": False, "dtype": "float16", **PAPER_SHAPE}
-    plan += [{"impl": impl, "paper_shape": True, **paper}
-             for impl in ("naive_cupy", f"v{IO_FLASH_VERSIONS[-1]}", "sdpa_flash")]  # fmt: skip
+    plan += [
+        {"impl": impl, "paper_shape": True, **paper}
+        for impl in ("naive_cupy", f"v{IO_FLASH_VERSIONS[-1]}", "sdpa_flash")
+    ]
     return plan
 
 
@@ -124,12 +135,16 @@ def io_row(case: dict) -> dict:
     """A case of the IO plan in the schema of results/gpu_io.json (see flashref.io_model)."""
     label = IO_LABELS.get(case["impl"], f"flashref {case['impl']}")
     ms = case.get("gpu__time_duration.sum")
-    return {"impl": case["impl"], "label": label, "paper_shape": case.get("paper_shape", False),
-            **{k: case[k] for k in ("N", "B", "H", "d", "causal", "dtype", "kernels")},
-            "dram_read_bytes": case.get("dram__bytes_read.sum"),
-            "dram_write_bytes": case.get("dram__bytes_write.sum"),
-            "l2_bytes": case.get("lts__t_bytes.sum"),
-            "ms": ms / 1e6 if ms else None}  # fmt: skip
+    return {
+        "impl": case["impl"],
+        "label": label,
+        "paper_shape": case.get("paper_shape", False),
+        **{k: case[k] for k in ("N", "B", "H", "d", "causal", "dtype", "kernels")},
+        "dram_read_bytes": case.get("dram__bytes_read.sum"),
+        "dram_write_bytes": case.get("dram__bytes_write.sum"),
+        "l2_bytes": case.get("lts__t_bytes.sum"),
+        "ms": ms / 1e6 if ms else None,
+    }
 
 
 def measured_families(args) -> dict:
@@ -177,11 +192,13 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--skip-io", action="store_true", help="only the versions' profile")
     parser.add_argument("--versions", type=int, nargs="+", help="profile only these versions")
     parser.add_argument(
-        "--source", type=int, metavar="VERSION",
+        "--source",
+        type=int,
+        metavar="VERSION",
         help="instead: where the warps of VERSION stall, instruction by instruction "
         "(d = 64 and 128), summarised by opcode into --source-out; with --backward, "
         "backward version VERSION's main kernel",
-    )  # fmt: skip
+    )
     parser.add_argument("--source-out", type=Path, default=Path("results/gpu_stall_sampling.json"))
     parser.add_argument(
         "--decode",
@@ -221,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(env_note)
     if args.source is not None:  # with --backward: backward version N's main kernel
         impl = f"bwd{args.source}" if args.backward else f"v{args.source}"
-        plan = [{"impl": impl, "d": d, "causal": False, "dtype": "float16",
-                 **PROFILE_SHAPE} for d in dims]  # fmt: skip
+        plan = [
+            {"impl": impl, "d": d, "causal": False, "dtype": "float16", **PROFILE_SHAPE}
+            for d in dims
+        ]
         from .source import SOURCE_SECTIONS, source_profile
 
         kernel = f"regex:^flash_bwd{args.source}$" if args.backward else "regex:^flash_v"
@@ -244,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         from .hopper import run_hopper
 
         return run_hopper(meta, args.out, args.versions)
-    for path, plan in ((args.out, version_plan(args.quick, args.versions)),
-                       (None if args.skip_io else args.io_out, io_plan(args.quick))):  # fmt: skip
+    for path, plan in (
+        (args.out, version_plan(args.quick, args.versions)),
+        (None if args.skip_io else args.io_out, io_plan(args.quick)),
+    ):
         if path is None:
             continue
         cases = profile(plan)

@@ -39,8 +39,13 @@ NCU_METRICS = (
 
 
 # summed over the kernels of one call (a naive or SDPA call launches several)
-ADDITIVE = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-            "lts__t_bytes.sum", "smsp__inst_executed.sum")  # fmt: skip
+ADDITIVE = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_bytes.sum",
+    "smsp__inst_executed.sum",
+)
 
 
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
@@ -69,11 +74,27 @@ def run_ncu(plan: list[dict], workdir: Path, metrics=NCU_METRICS, sections=NCU_S
     """Profile ``plan``; return one dict of metrics per kernel, in launch order."""
     plan_path, log = workdir / "plan.json", workdir / "ncu.csv"
     plan_path.write_text(json.dumps(plan))
-    cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--csv",
-           "--page", "raw", "--print-units", "base", "--log-file", str(log),
-           *(a for s in sections for a in ("--section", s)),
-           "--metrics", ",".join(metrics),
-           sys.executable, "-m", "flashref.bench.profile.ncu_target", str(plan_path)]  # fmt: skip
+    cmd = [
+        "ncu",
+        "--profile-from-start",
+        "off",
+        "--clock-control",
+        "none",
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        "--log-file",
+        str(log),
+        *(a for s in sections for a in ("--section", s)),
+        "--metrics",
+        ",".join(metrics),
+        sys.executable,
+        "-m",
+        "flashref.bench.profile.ncu_target",
+        str(plan_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -125,8 +146,9 @@ def _meta(cp, forward=(), backward=(), decode=()) -> dict:
     version = subprocess.run(["ncu", "--version"], capture_output=True, text=True).stdout.strip()
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     try:
         import torch
 
@@ -164,10 +186,12 @@ def print_cases(cases: list[dict]) -> None:
         l2 = c.get("lts__t_bytes.sum", 0) / 1e9
         tp = c.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
         red = c.get("lts__t_sectors_op_red.sum")
-        print(f"  {c['impl']:12s} d={c['d']:3d} N={c['N']:5d} B={c['B']:3d}: "
-              f"{c['kernels']} kernel(s), DRAM {dram:9.1f} MB, L2 {l2:7.2f} GB, "
-              f"tensor pipe {tp if tp is None else round(tp, 1)}%"
-              + ("" if red is None else f", L2 red sectors {red / 1e6:.1f} M"))  # fmt: skip
+        print(
+            f"  {c['impl']:12s} d={c['d']:3d} N={c['N']:5d} B={c['B']:3d}: "
+            f"{c['kernels']} kernel(s), DRAM {dram:9.1f} MB, L2 {l2:7.2f} GB, "
+            f"tensor pipe {tp if tp is None else round(tp, 1)}%"
+            + ("" if red is None else f", L2 red sectors {red / 1e6:.1f} M")
+        )
 
 
 def profile_with_extras(plan: list[dict], wanted, meta: dict, out: Path) -> list[dict]:

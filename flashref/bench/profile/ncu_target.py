@@ -39,8 +39,10 @@ def decode_call(cp, case: dict):
     B, Hq, Hkv, Nk, d = (case[k] for k in ("B", "Hq", "Hkv", "Nk", "d"))
     rng = cp.random.default_rng(0)
     q = rng.standard_normal((B, Hq, 1, d), dtype=cp.float32).astype(case["dtype"])
-    k, v = (rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(case["dtype"])
-            for _ in range(2))  # fmt: skip
+    k, v = (
+        rng.standard_normal((B, Hkv, Nk, d), dtype=cp.float32).astype(case["dtype"])
+        for _ in range(2)
+    )
     if case["impl"] == "decode_sdpa_cudnn":  # the baseline at the same shape, contiguous only
         from ..decode import sdpa_decode
 
@@ -53,8 +55,12 @@ def decode_call(cp, case: dict):
     if not case["paged"]:
         return lambda: launch(cp, q, k, v, None, None, page_size=Nk, max_pages=1, **kw)
     n = Nk // PAGE_SIZE  # pages per sequence, in order: page b * n + p
-    kp, vp = (cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, d).transpose(0, 2, 1, 3, 4))
-              .reshape(B * n, Hkv, PAGE_SIZE, d) for x in (k, v))  # fmt: skip
+    kp, vp = (
+        cp.ascontiguousarray(x.reshape(B, Hkv, n, PAGE_SIZE, d).transpose(0, 2, 1, 3, 4)).reshape(
+            B * n, Hkv, PAGE_SIZE, d
+        )
+        for x in (k, v)
+    )
     bt = cp.arange(B * n, dtype=cp.int32).reshape(B, n)
     lens = cp.full(B, Nk, dtype=cp.int32)
     return lambda: launch(cp, q, kp, vp, bt, lens, page_size=PAGE_SIZE, max_pages=n, **kw)
@@ -75,8 +81,9 @@ def make_call(cp, case: dict, inputs):
         dO = cp.random.default_rng(1).standard_normal(q.shape, dtype=cp.float32).astype(q.dtype)
         dq, dk, dv = (cp.empty(x.shape, dtype=q.dtype) for x in (q, k, v))
         scale = 1 / math.sqrt(q.shape[-1])
-        return lambda: launch_backward(ver, q, k, v, O, lse, dO, dq, dk, dv,
-                                       causal=causal, scale=scale)  # fmt: skip
+        return lambda: launch_backward(
+            ver, q, k, v, O, lse, dO, dq, dk, dv, causal=causal, scale=scale
+        )
     if impl.startswith("v"):
         from ...gpu import VERSIONS
         from ...gpu._launch import launch

@@ -53,14 +53,18 @@ def summarise_source_csv(text: str) -> list[dict]:
                 by_stall[st[6:]] += v
                 op_stall[op][st[6:]] += v
         total = sum(by_op.values()) or 1.0
-        out.append({
-            "kernel": names[n] if n < len(names) else None,
-            "samples": total,
-            "opcode_share": {k: v / total for k, v in by_op.most_common(15)},
-            "stall_share": {k: v / total for k, v in by_stall.most_common()},
-            "opcode_stall_share": {k: {s: v / total for s, v in op_stall[k].most_common(5)}
-                                   for k, _ in by_op.most_common(8)},
-        })  # fmt: skip
+        out.append(
+            {
+                "kernel": names[n] if n < len(names) else None,
+                "samples": total,
+                "opcode_share": {k: v / total for k, v in by_op.most_common(15)},
+                "stall_share": {k: v / total for k, v in by_stall.most_common()},
+                "opcode_stall_share": {
+                    k: {s: v / total for s, v in op_stall[k].most_common(5)}
+                    for k, _ in by_op.most_common(8)
+                },
+            }
+        )
     return out
 
 
@@ -70,10 +74,27 @@ def source_profile(plan: list[dict], workdir: Path, kernel: str = "regex:^flash_
     plan_path, log = workdir / "plan.json", workdir / "source.csv"
     plan_path.write_text(json.dumps(plan))
     env = {**os.environ, "FLASHREF_NVRTC_FLAGS": "-lineinfo"}
-    cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "-k", kernel,
-           *(a for s in SOURCE_SECTIONS for a in ("--section", s)), "--csv", "--page", "source",
-           "--print-source", "sass", "--log-file", str(log),
-           sys.executable, "-m", "flashref.bench.profile.ncu_target", str(plan_path)]  # fmt: skip
+    cmd = [
+        "ncu",
+        "--profile-from-start",
+        "off",
+        "--clock-control",
+        "none",
+        "-k",
+        kernel,
+        *(a for s in SOURCE_SECTIONS for a in ("--section", s)),
+        "--csv",
+        "--page",
+        "source",
+        "--print-source",
+        "sass",
+        "--log-file",
+        str(log),
+        sys.executable,
+        "-m",
+        "flashref.bench.profile.ncu_target",
+        str(plan_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"ncu failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

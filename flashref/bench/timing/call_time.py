@@ -34,8 +34,11 @@ def host_us(run, synchronize, calls: int = 20) -> float:
 def kernel_sum_us(events, device_type) -> float | None:
     """Microseconds of the kernels among profiler ``events`` (those of ``device_type``), or
     None if there is none (a profiler that saw nothing is not a call of 0 us)."""
-    kernels = [e.time_range.elapsed_us() for e in events
-               if e.device_type == device_type and not e.name.startswith(NOT_KERNELS)]  # fmt: skip
+    kernels = [
+        e.time_range.elapsed_us()
+        for e in events
+        if e.device_type == device_type and not e.name.startswith(NOT_KERNELS)
+    ]
     return sum(kernels) if kernels else None
 
 

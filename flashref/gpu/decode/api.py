@@ -79,8 +79,15 @@ def row_tiles(G: int, Nq: int) -> tuple[int, int]:
     return tiles, -(-M // (16 * tiles))
 
 
-def choose_num_splits(B: int, Hkv: int, Nk: int, sm_count: int, *, row_blocks: int = 1,
-                      blocks_per_sm: int = BLOCKS_PER_SM) -> int:  # fmt: skip
+def choose_num_splits(
+    B: int,
+    Hkv: int,
+    Nk: int,
+    sm_count: int,
+    *,
+    row_blocks: int = 1,
+    blocks_per_sm: int = BLOCKS_PER_SM,
+) -> int:
     """How many chunks to cut the keys into, from the shape and the GPU's SM count.
 
     ``B * Hkv * row_blocks`` blocks exist without splitting; ``sm_count * blocks_per_sm``
@@ -118,8 +125,9 @@ class DecodePlan:
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are not the same B
-def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
-                version=DEFAULT_VERSION) -> DecodePlan:  # fmt: skip
+def decode_plan(
+    B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None, version=DEFAULT_VERSION
+) -> DecodePlan:
     """The launch of ``decode_attention`` for this shape on a GPU of ``sm_count`` SMs.
 
     Kept per argument tuple (a plan is frozen): a decode step repeats its shape every call,
@@ -143,8 +151,9 @@ def decode_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None,
     tiles, blocks = row_tiles(G, Nq)
     if num_splits is None:
         per_sm = split_blocks_per_sm(version, d, tiles)
-        num_splits = choose_num_splits(B, Hkv, Nk, sm_count, row_blocks=blocks,
-                                       blocks_per_sm=per_sm)  # fmt: skip
+        num_splits = choose_num_splits(
+            B, Hkv, Nk, sm_count, row_blocks=blocks, blocks_per_sm=per_sm
+        )
     check_splits(num_splits, version)
     grid = (num_splits, Hkv * blocks, B)
     smem = smem_bytes(d, tiles, version)
@@ -162,8 +171,24 @@ def _direct_key(arrays, tables, scalars):
     return _host.signature((*arrays, *tables), scalars)
 
 
-def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_splits, lse, version,
-         key=None, **kw):  # fmt: skip
+def _run(
+    q,
+    k,
+    v,
+    bt,
+    lengths,
+    names,
+    *,
+    Hkv,
+    page_size,
+    max_pages,
+    Nk,
+    num_splits,
+    lse,
+    version,
+    key=None,
+    **kw,
+):
     cp = require_gpu()
     b = _host.backend_of(cp, tuple(zip(("q", *names), (q, k, v), strict=True)))
     for name, x in (("block_table", bt), ("lengths", lengths)):
@@ -190,8 +215,20 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
             )
         direct = None
         if all(x is None or is_device_array(x) for x in (bt, lengths)):
-            call = DirectDecode(cp, b, q, k, bt, lengths, Hkv=Hkv, page_size=page_size,
-                                max_pages=max_pages, plan=plan, keep_lse=lse, **kw)  # fmt: skip
+            call = DirectDecode(
+                cp,
+                b,
+                q,
+                k,
+                bt,
+                lengths,
+                Hkv=Hkv,
+                page_size=page_size,
+                max_pages=max_pages,
+                plan=plan,
+                keep_lse=lse,
+                **kw,
+            )
             if call.usable:
                 direct = _DIRECT.put(key, call)(q, k, v, bt, lengths)
     if direct is not None:
@@ -201,8 +238,22 @@ def _run(q, k, v, bt, lengths, names, *, Hkv, page_size, max_pages, Nk, num_spli
         qc, kc, vc = b.view(q), b.view(k), b.view(v)
         bt, lengths = (None if x is None else _int32_on_device(cp, b, x) for x in (bt, lengths))
         O, L = b.empty((B, Hq, Nq, d), q.dtype), b.empty((B, Hq, Nq), "float32")
-        launch(cp, qc, kc, vc, bt, lengths, Hkv=Hkv, page_size=page_size, max_pages=max_pages,
-               plan=plan, O=b.view(O), lse=b.view(L), fresh=b.kind == "torch", **kw)  # fmt: skip
+        launch(
+            cp,
+            qc,
+            kc,
+            vc,
+            bt,
+            lengths,
+            Hkv=Hkv,
+            page_size=page_size,
+            max_pages=max_pages,
+            plan=plan,
+            O=b.view(O),
+            lse=b.view(L),
+            fresh=b.kind == "torch",
+            **kw,
+        )
     return (O, L) if lse else O
 
 
@@ -258,8 +309,18 @@ _CONTIGUOUS_CHECKS = CheckMemo(_contiguous_checks)
 _PAGED_CHECKS = CheckMemo(_paged_checks)
 
 
-def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_splits=None,
-                     return_lse=False, version=None):  # fmt: skip
+def decode_attention(
+    q,
+    k,
+    v,
+    *,
+    lengths=None,
+    causal=False,
+    scale=None,
+    num_splits=None,
+    return_lse=False,
+    version=None,
+):
     """Attention of ``Nq <= 16`` queries per sequence to a contiguous K/V cache, split-KV.
 
     Args:
@@ -286,7 +347,8 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
         if out is not None:
             return out if return_lse else out[0]
     version, causal, scale, num_splits = _CONTIGUOUS_CHECKS(
-        (q, k, v), (version, causal, scale, num_splits, return_lse))  # fmt: skip
+        (q, k, v), (version, causal, scale, num_splits, return_lse)
+    )
     B, Nk = q.shape[0], k.shape[2]
     if lengths is None:
         L = None
@@ -295,14 +357,39 @@ def decode_attention(q, k, v, *, lengths=None, causal=False, scale=None, num_spl
         L = lengths
     else:
         L = check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
-    return _run(q, k, v, None, L, ("k", "v"), Hkv=k.shape[1], page_size=Nk, max_pages=1, Nk=Nk,
-                causal=causal, scale=scale, num_splits=num_splits, lse=return_lse,
-                version=version, key=key)  # fmt: skip
+    return _run(
+        q,
+        k,
+        v,
+        None,
+        L,
+        ("k", "v"),
+        Hkv=k.shape[1],
+        page_size=Nk,
+        max_pages=1,
+        Nk=Nk,
+        causal=causal,
+        scale=scale,
+        num_splits=num_splits,
+        lse=return_lse,
+        version=version,
+        key=key,
+    )
 
 
-def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
-                           scale=None, num_splits=None, return_lse=False,
-                           version=None):  # fmt: skip
+def paged_decode_attention(
+    q,
+    k_pages,
+    v_pages,
+    block_table,
+    lengths,
+    *,
+    causal="bottom_right",
+    scale=None,
+    num_splits=None,
+    return_lse=False,
+    version=None,
+):
     """``decode_attention`` reading K/V pages through a block table (``PagedKVCache``'s layout).
 
     Args:
@@ -331,7 +418,8 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
         if out is not None:
             return out if return_lse else out[0]
     version, causal, scale, num_splits = _PAGED_CHECKS(
-        (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse))  # fmt: skip
+        (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse)
+    )
     (B, *_), (P, Hkv, ps, _) = q.shape, k_pages.shape
     on_device = is_device_array(block_table), is_device_array(lengths)
     if any(on_device):  # read where they are: shapes and dtypes checked, values not read
@@ -349,9 +437,24 @@ def paged_decode_attention(q, k_pages, v_pages, block_table, lengths, *, causal=
     else:
         bt, L = check_block_table(block_table, lengths, B, P, ps)
         Nk_max = int(L.max()) if B else 0
-    return _run(q, k_pages, v_pages, bt, L, ("k_pages", "v_pages"), Hkv=Hkv,
-                page_size=ps, max_pages=bt.shape[1], Nk=Nk_max, causal=causal, scale=scale,
-                num_splits=num_splits, lse=return_lse, version=version, key=key)  # fmt: skip
+    return _run(
+        q,
+        k_pages,
+        v_pages,
+        bt,
+        L,
+        ("k_pages", "v_pages"),
+        Hkv=Hkv,
+        page_size=ps,
+        max_pages=bt.shape[1],
+        Nk=Nk_max,
+        causal=causal,
+        scale=scale,
+        num_splits=num_splits,
+        lse=return_lse,
+        version=version,
+        key=key,
+    )
 
 
 def cache_decode_attention(q, cache, seqs, **kwargs):

@@ -81,9 +81,21 @@ class DevicePagedKVCache:
         pages: the host's ``PageTable``; host_copies: host-to-device copies made so far.
     """
 
-    def __init__(self, num_pages, page_size, num_kv_heads, head_dim, *, max_batch,
-                 max_pages_per_seq=None, num_layers=1, max_step_tokens=None, dtype="float16",
-                 library="torch", device=None):  # fmt: skip
+    def __init__(
+        self,
+        num_pages,
+        page_size,
+        num_kv_heads,
+        head_dim,
+        *,
+        max_batch,
+        max_pages_per_seq=None,
+        num_layers=1,
+        max_step_tokens=None,
+        dtype="float16",
+        library="torch",
+        device=None,
+    ):
         self.pages = PageTable(num_pages, page_size)
         self.page_size = self.pages.page_size
         self.num_kv_heads = _positive(num_kv_heads, "num_kv_heads")
@@ -105,8 +117,13 @@ class DevicePagedKVCache:
             raise ValueError(f"library is {library!r}; expected one of {LIBRARIES}")
         self.dtype, self.library = name, library
         cp = self._cp = require_gpu()
-        shape = (self.num_layers, self.pages.num_pages, self.num_kv_heads, self.page_size,
-                 self.head_dim)  # fmt: skip
+        shape = (
+            self.num_layers,
+            self.pages.num_pages,
+            self.num_kv_heads,
+            self.page_size,
+            self.head_dim,
+        )
         B, W = self.max_batch, self.max_pages_per_seq
         if library == "torch":
             import torch
@@ -230,9 +247,16 @@ class DevicePagedKVCache:
             raise RuntimeError("no step is prepared: call prepare_step (or begin_step) first")
         rows, n = self._layout
         b = self._b
-        args = (b.ptr(self.lengths), b.ptr(self.block_table), b.ptr(self._step_rows),
-                b.ptr(self._slots), b.ptr(self._overflow), np.int32(n),
-                np.int32(self.max_pages_per_seq), np.int32(self.page_size))  # fmt: skip
+        args = (
+            b.ptr(self.lengths),
+            b.ptr(self.block_table),
+            b.ptr(self._step_rows),
+            b.ptr(self._slots),
+            b.ptr(self._overflow),
+            np.int32(n),
+            np.int32(self.max_pages_per_seq),
+            np.int32(self.page_size),
+        )
         self._launch("paged_slots", (len(rows), 1, 1), (SLOT_THREADS, 1, 1), args)
 
     def begin_step(self, seqs, n) -> None:
@@ -280,9 +304,19 @@ class DevicePagedKVCache:
             strides.append(tuple(np.int64(s // 8) for s in st[:3]))  # in 16-byte units
         chunks = self.head_dim * 2 // 16
         threads = min(APPEND_THREADS, -(-self.num_kv_heads * chunks // 32) * 32)
-        args = (b.ptr(k_new), b.ptr(v_new), b.ptr(self.k_pages[layer]), b.ptr(self.v_pages[layer]),
-                b.ptr(self._slots), np.int32(n), np.int32(self.num_kv_heads), np.int32(chunks),
-                np.int32(self.page_size), *strides[0], *strides[1])  # fmt: skip
+        args = (
+            b.ptr(k_new),
+            b.ptr(v_new),
+            b.ptr(self.k_pages[layer]),
+            b.ptr(self.v_pages[layer]),
+            b.ptr(self._slots),
+            np.int32(n),
+            np.int32(self.num_kv_heads),
+            np.int32(chunks),
+            np.int32(self.page_size),
+            *strides[0],
+            *strides[1],
+        )
         self._launch("paged_append", (len(rows) * n, 1, 1), (threads, 1, 1), args)
 
     def _launch(self, name, grid, block, args) -> None:

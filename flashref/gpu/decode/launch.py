@@ -22,8 +22,24 @@ from .versions import VERSIONS
 from .workspace import partials, views
 
 
-def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale, plan, O=None,
-           lse=None, fresh=False):  # fmt: skip
+def launch(
+    cp,
+    q,
+    K,
+    V,
+    bt,
+    lengths,
+    *,
+    Hkv,
+    page_size,
+    max_pages,
+    causal,
+    scale,
+    plan,
+    O=None,
+    lse=None,
+    fresh=False,
+):
     """Run the kernels on checked CuPy inputs; returns ``O (B, Hq, Nq, d)``, ``lse (B, Hq, Nq)``
     (written into ``O`` and ``lse`` where given: C-contiguous arrays of those shapes).
 
@@ -51,8 +67,7 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
     if B == 0:
         return O, lse
     S, rows = plan.num_splits, B * Hq * Nq
-    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, q.dtype, plan.smem_bytes,
-                                      plan.version)  # fmt: skip
+    split_fn, combine_fn = _functions(cp, d, plan.row_tiles, q.dtype, plan.smem_bytes, plan.version)
     consts = _scalars(Hq, Hkv, Nq, page_size, max_pages, float(scale), bool(causal))
     null = np.uintp(0)
     bt_arg, len_arg = null if bt is None else bt, null if lengths is None else lengths
@@ -69,8 +84,9 @@ def launch(cp, q, K, V, bt, lengths, *, Hkv, page_size, max_pages, causal, scale
             n = B * plan.grid[1]  # one counter per (b, blockIdx.y)
             fresh_zeros = contextlib.nullcontext(cp.zeros(n, dtype=cp.uint32)) if fresh else None
             with fresh_zeros or counting(cp, n) as counters:
-                split_fn(plan.grid, (plan.threads,), (*args, counters, *maps),
-                         shared_mem=plan.smem_bytes)  # fmt: skip
+                split_fn(
+                    plan.grid, (plan.threads,), (*args, counters, *maps), shared_mem=plan.smem_bytes
+                )
             return O, lse
         split_fn(plan.grid, (plan.threads,), (*args, *maps), shared_mem=plan.smem_bytes)
         if S > 1:
@@ -92,8 +108,23 @@ class DirectDecode:
     (q's sign is flipped first), versions 4 and 5 (their arrival counters), tables not int32.
     """
 
-    def __init__(self, cp, b, q, K, bt, lengths, *, Hkv, page_size, max_pages, causal, scale,
-                 plan, keep_lse=True):  # fmt: skip
+    def __init__(
+        self,
+        cp,
+        b,
+        q,
+        K,
+        bt,
+        lengths,
+        *,
+        Hkv,
+        page_size,
+        max_pages,
+        causal,
+        scale,
+        plan,
+        keep_lse=True,
+    ):
         tables = tuple(x for x in (bt, lengths) if x is not None)
         self.usable = (
             scale > 0
@@ -179,8 +210,10 @@ class DirectDecode:
         combine_args = (Opart, Lpart, Op, Lp, *self.combine_ints)
         with _host.device_scope(self.cp, self.device):  # the kernels are this device's
             if self.launchers is None:
-                self.launchers = (_host.launcher(split_fn, split_args),
-                                  _host.launcher(combine_fn, combine_args))  # fmt: skip
+                self.launchers = (
+                    _host.launcher(split_fn, split_args),
+                    _host.launcher(combine_fn, combine_args),
+                )
             split, combine = self.launchers
             split(self.grid, self.block, self.plan.smem_bytes, stream, split_args)
             if self.S > 1:
@@ -206,8 +239,15 @@ def _partials(cp, rows: int, S: int, d: int, O, lse, fresh: bool = False):
 @functools.lru_cache(maxsize=256, typed=True)
 def _scalars(Hq, Hkv, Nq, page_size, max_pages, scale: float, causal: bool) -> tuple:
     """The split kernel's scalar arguments, made once per value (NumPy scalars cost host time)."""
-    return (np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(page_size), np.int32(max_pages),
-            np.float32(scale), np.int32(causal))  # fmt: skip
+    return (
+        np.int32(Hq),
+        np.int32(Hkv),
+        np.int32(Nq),
+        np.int32(page_size),
+        np.int32(max_pages),
+        np.float32(scale),
+        np.int32(causal),
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -44,12 +44,24 @@ class PagedDecodePlan:
             float32 (arrays of q's kind). decode: the ``DecodePlan`` (splits, grid).
     """
 
-    def __init__(self, q, k_pages, v_pages, block_table, lengths, *, causal="bottom_right",
-                 scale=None, num_splits=None, version=None):  # fmt: skip
+    def __init__(
+        self,
+        q,
+        k_pages,
+        v_pages,
+        block_table,
+        lengths,
+        *,
+        causal="bottom_right",
+        scale=None,
+        num_splits=None,
+        version=None,
+    ):
         from .._launch import device_facts
 
         version, causal, scale, num_splits = _PAGED_CHECKS(
-            (q, k_pages, v_pages), (version, causal, scale, num_splits, False))  # fmt: skip
+            (q, k_pages, v_pages), (version, causal, scale, num_splits, False)
+        )
         for name, x in (("block_table", block_table), ("lengths", lengths)):
             if not is_device_array(x):
                 raise TypeError(
@@ -61,8 +73,13 @@ class PagedDecodePlan:
         check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
         check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
         cp = require_gpu()
-        names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages),
-                 ("block_table", block_table), ("lengths", lengths))  # fmt: skip
+        names = (
+            ("q", q),
+            ("k_pages", k_pages),
+            ("v_pages", v_pages),
+            ("block_table", block_table),
+            ("lengths", lengths),
+        )
         b = self._b = _host.backend_of(cp, names)
         for name, x in names[3:]:
             if str(x.dtype).removeprefix("torch.") != "int32":
@@ -76,11 +93,23 @@ class PagedDecodePlan:
                 version = default_decode_version(cc, ps, P * Hkv * ps)
 
             check_device(cc, version, f"this GPU ({gpu})")
-            self.decode = decode_plan(max(B, 1), Hq, Hkv, Nq, max_pages * ps, d, sms, num_splits,
-                                      version)  # fmt: skip
-            self._call = DirectDecode(cp, b, q, k_pages, block_table, lengths, Hkv=Hkv,
-                                      page_size=ps, max_pages=max_pages, causal=causal,
-                                      scale=scale, plan=self.decode)  # fmt: skip
+            self.decode = decode_plan(
+                max(B, 1), Hq, Hkv, Nq, max_pages * ps, d, sms, num_splits, version
+            )
+            self._call = DirectDecode(
+                cp,
+                b,
+                q,
+                k_pages,
+                block_table,
+                lengths,
+                Hkv=Hkv,
+                page_size=ps,
+                max_pages=max_pages,
+                causal=causal,
+                scale=scale,
+                plan=self.decode,
+            )
             if not self._call.usable:  # the versions whose launch counts arrivals (4, 5)
                 raise ValueError(
                     f"decode version {version} cannot be planned (its split blocks count "

@@ -101,9 +101,18 @@ def _checks(q, k_pages, v_pages, causal, scale, return_lse, splits):
     return causal, check_scale(scale, d, "float32"), dtype
 
 
-def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
-                            causal="bottom_right", scale=None, return_lse=False,
-                            splits=None):  # fmt: skip
+def paged_prefill_attention(
+    q,
+    k_pages,
+    v_pages,
+    block_table,
+    lengths,
+    *,
+    causal="bottom_right",
+    scale=None,
+    return_lse=False,
+    splits=None,
+):
     """Attention of each sequence's newest ``Nq`` queries to its pages (see the module).
 
     Args:
@@ -186,11 +195,28 @@ def paged_prefill_attention(q, k_pages, v_pages, block_table, lengths, *,
             qmap = tensor_map_ptr(qc.data.ptr, BH * Nq, d, dtype, 64, dev)
             kmap = tensor_map_ptr(kc.data.ptr, rows, d, dtype, 64, dev)
             vmap = tensor_map_ptr(vc.data.ptr, rows, d, dtype, 64, dev)
-            args = (qc.data.ptr, b.ptr(O), b.ptr(lse), btc.data.ptr, Lc.data.ptr,
-                    np.int32(Nq), np.int32(bt.shape[1] * ps), np.float32(scale),
-                    np.int32(bool(causal)), qmap, kmap, vmap, np.int32(BH), np.int32(Hq),
-                    np.int32(Hkv), np.int32(ps), np.int32(bt.shape[1]),
-                    np.int32(rows), np.int32(S), *parts)  # fmt: skip
+            args = (
+                qc.data.ptr,
+                b.ptr(O),
+                b.ptr(lse),
+                btc.data.ptr,
+                Lc.data.ptr,
+                np.int32(Nq),
+                np.int32(bt.shape[1] * ps),
+                np.float32(scale),
+                np.int32(bool(causal)),
+                qmap,
+                kmap,
+                vmap,
+                np.int32(BH),
+                np.int32(Hq),
+                np.int32(Hkv),
+                np.int32(ps),
+                np.int32(bt.shape[1]),
+                np.int32(rows),
+                np.int32(S),
+                *parts,
+            )
             fn, combine = _function(cp, d, dtype, dev)
             launcher = _LAUNCHERS.get(fn)
             if launcher is None:

@@ -59,20 +59,36 @@ VERSIONS = {
     v.number: v
     for v in (
         DecodeVersion(1, "block_tiles", "v01_split_kv.cu", "decode_split_kv", "decode_combine"),
-        DecodeVersion(2, "warp_rings", "v02_warp_rings.cu", "decode_split_kv_v2",
-                      "decode_combine_v2"),
-        DecodeVersion(3, "register_merge", "v03_register_merge.cu", "decode_split_kv_v2",
-                      "decode_combine_v3"),  # version 2's split kernel
-        DecodeVersion(4, "last_block_merge", "v04_last_block_merge.cu", "decode_split_kv_v4",
-                      None),  # version 2's split, version 3's merge, one launch
-        DecodeVersion(5, "tma_producer", "v05_tma_producer.cu", "decode_split_kv_v5", None,
-                      **_SM90A),  # TMA tiles, version 4's merge
-        DecodeVersion(6, "tma_two_launches", "v06_tma_two_launches.cu", "decode_split_kv_v6",
-                      "decode_combine_v3", **_SM90A),  # version 5's split, version 3's merge
-        DecodeVersion(7, "early_tiles", "v07_early_tiles.cu", "decode_split_kv_v7",
-                      "decode_combine_v3", **_SM90A),  # version 6, its first tiles earlier
+        DecodeVersion(
+            2, "warp_rings", "v02_warp_rings.cu", "decode_split_kv_v2", "decode_combine_v2"
+        ),
+        DecodeVersion(
+            3, "register_merge", "v03_register_merge.cu", "decode_split_kv_v2", "decode_combine_v3"
+        ),  # version 2's split kernel
+        DecodeVersion(
+            4, "last_block_merge", "v04_last_block_merge.cu", "decode_split_kv_v4", None
+        ),  # version 2's split, version 3's merge, one launch
+        DecodeVersion(
+            5, "tma_producer", "v05_tma_producer.cu", "decode_split_kv_v5", None, **_SM90A
+        ),  # TMA tiles, version 4's merge
+        DecodeVersion(
+            6,
+            "tma_two_launches",
+            "v06_tma_two_launches.cu",
+            "decode_split_kv_v6",
+            "decode_combine_v3",
+            **_SM90A,
+        ),  # version 5's split, version 3's merge
+        DecodeVersion(
+            7,
+            "early_tiles",
+            "v07_early_tiles.cu",
+            "decode_split_kv_v7",
+            "decode_combine_v3",
+            **_SM90A,
+        ),  # version 6, its first tiles earlier
     )
-}  # fmt: skip
+}
 MERGE_IN_REGISTERS = (3, 4, 5, 6, 7)  # versions whose merge holds a row's lse in registers
 # version=None: on compute capability 9.0 version 7 (TMA; any contiguous cache, page sizes a
 # multiple of its 64-key tile), elsewhere version 3; both from the recorded run
