@@ -5,8 +5,10 @@
     python -m flashref.bench.ptx_snapshot OUT --compare BEFORE  # ... and compare with BEFORE
 
 A build is one (version, d, dtype) of the forward and backward registries, one (version, d,
-rows, dtype) of the decode versions, the backward's preprocess and dQ conversion, and each
-probe and ceiling kernel: the text NVRTC is given (headers pasted in) through ``nvcc -ptx``
+rows, dtype) of the decode versions, the backward's preprocess and dQ conversion, one (d,
+dtype) of the chunked prefill (``paged_prefill.cu``), the paged cache's append kernels
+(``paged_cache.cu``; NVRTC targets the GPU it runs on, here sm_90), and each probe and
+ceiling kernel: the text NVRTC is given (headers pasted in) through ``nvcc -ptx``
 with the same defines and target. Needs nvcc, no GPU. ``OUT/manifest.json`` holds the
 SHA-256 of each file with nvcc's version; ``--compare`` prints the builds whose PTX differs
 or is missing in either folder and exits 1 if there is any.
@@ -34,7 +36,9 @@ PROG = "python -m flashref.bench.ptx_snapshot"
 
 def builds() -> list[tuple[str, str, list[str]]]:
     """(label, source text, nvcc flags) of every build."""
+    from ..gpu import prefill
     from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
+    from ..gpu.decode import cache
     from ..gpu.decode import versions as decode
     from ..gpu.forward_versions import VERSIONS
     from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
@@ -60,6 +64,11 @@ def builds() -> list[tuple[str, str, list[str]]]:
                 for dtype in ("float16", "bfloat16"):
                     label = f"dec{v.number:02d}_d{d}_rt{rows}_{dtype}"
                     out.append((label, v.source(), [arch, *decode.defines(d, rows, dtype)]))
+    for d in (64, 128):
+        for dtype in ("float16", "bfloat16"):
+            flags = ["-arch=sm_90a", *prefill.defines(d, dtype)]
+            out.append((f"paged_prefill_d{d}_{dtype}", prefill.source(), flags))
+    out.append(("paged_cache", cache.source(), [SM90]))
     for path in sorted((KERNEL_DIR / "probes").glob("*.cu")):
         out.append((f"probe_{path.stem}", paste_includes(path), ["-arch=sm_90a"]))
     return out

@@ -23,6 +23,8 @@ def test_every_version_of_every_family_is_built():
     for n in DECODE_VERSIONS:  # d 64 and 128, 16 and 32 rows, fp16 and bf16
         assert sum(label.startswith(f"dec{n:02d}_") for label in labels) == 8, n
     assert {"probe_probe_wgmma", "probe_roof_wgmma", "probe_probe_fragments"} <= set(labels)
+    prefill = {f"paged_prefill_d{d}_{dt}" for d in (64, 128) for dt in ("float16", "bfloat16")}
+    assert prefill | {"paged_cache"} <= set(labels)  # the serving kernels beside the versions
     for label, text, flags in ps.builds():
         assert not re.search(r"^#include", text, re.M), label  # NVRTC's text: headers pasted in
         assert flags[0].startswith("-arch=sm_90"), label

@@ -351,10 +351,15 @@ def _function(cp, name: str, device: int):
     return _module(cp, device).get_function(name)
 
 
+def source() -> str:
+    """The text of ``paged_cache.cu`` (it includes nothing), as NVRTC is given it."""
+    from ..registry import KERNEL_DIR
+
+    return (KERNEL_DIR / "decode" / "paged_cache.cu").read_text()
+
+
 @functools.lru_cache(maxsize=8)
 def _module(cp, device: int):
     from .._launch import NVRTC_OPTIONS
-    from ..registry import KERNEL_DIR
 
-    source = (KERNEL_DIR / "decode" / "paged_cache.cu").read_text()
-    return cp.RawModule(code=source, options=NVRTC_OPTIONS)
+    return cp.RawModule(code=source(), options=NVRTC_OPTIONS)
