@@ -55,6 +55,25 @@ def source_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# Text-only changes: sources whose text (so their hash) changed while the PTX nvcc makes of
+# them did not, for every build the PTX snapshot makes of them (python -m
+# flashref.bench.ptx_snapshot OUT --compare BEFORE, with --entries where kernels a module no
+# longer needed were dropped). A results file recorded against the old text still describes
+# the kernels it measured. {version: {old hash: new hash}}, each change commented with the
+# commit its BEFORE snapshot was taken at and what moved.
+SAME_PTX: dict[str, dict[str, str]] = {}
+
+
+def describes(name: str, recorded: str, now: str | None) -> bool:
+    """Whether a hash recorded for ``name`` ("decode/7") describes the tree's source, whose
+    hash is ``now``: the same, or carried to it by text-only changes (``SAME_PTX``)."""
+    seen = set()
+    while recorded != now and recorded in SAME_PTX.get(name, {}) and recorded not in seen:
+        seen.add(recorded)
+        recorded = SAME_PTX[name][recorded]
+    return recorded == now
+
+
 def kernel_hashes(forward=(), backward=(), decode=()) -> dict[str, str]:
     """``{"forward/29": hash, "backward/8": hash, "decode/7": hash, ...}``: the source hash
     of each version a run measured, as ``current_hashes`` computes it again for the check
