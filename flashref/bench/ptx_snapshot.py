@@ -3,13 +3,22 @@
 
     python -m flashref.bench ptx_snapshot OUT                 # write OUT/<build>.ptx, manifest
     python -m flashref.bench ptx_snapshot OUT --compare BEFORE  # ... and compare with BEFORE
+    python -m flashref.bench ptx_snapshot OUT --compare BEFORE --entries  # ... function by function
 
 A build is one (version, d, dtype) of the forward and backward registries, one (version, d,
-rows, dtype) of the decode versions, the backward's preprocess and dQ conversion, and each
-probe and ceiling kernel: the text NVRTC is given (headers pasted in) through ``nvcc -ptx``
+rows, dtype) of the decode versions, the backward's preprocess and dQ conversion, one (d,
+dtype) of the chunked prefill (``paged_prefill.cu``), the paged cache's append kernels
+(``paged_cache.cu``; NVRTC targets the GPU it runs on, here sm_90), and each probe and
+ceiling kernel: the text NVRTC is given (headers pasted in) through ``nvcc -ptx``
 with the same defines and target. Needs nvcc, no GPU. ``OUT/manifest.json`` holds the
 SHA-256 of each file with nvcc's version; ``--compare`` prints the builds whose PTX differs
 or is missing in either folder and exits 1 if there is any.
+
+``--entries``: where a build's whole file differs, its functions (``.entry``, ``.func``) are
+compared one by one with BEFORE's of the same name (``entries``): for a change that drops
+kernels a module no longer needs, or moves kernels between the files of one module, so that
+the kernels that remain are the same but the file is not. It prints each such build with the
+functions only BEFORE had, and exits 1 if any function of OUT differs or is new.
 """
 
 from __future__ import annotations
@@ -17,12 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..gpu.backward_versions import BWD_VERSIONS, pre_post_source
+from ..gpu.decode import cache, prefill
 from ..gpu.decode import versions as decode
 from ..gpu.forward_versions import VERSIONS
 from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
@@ -59,6 +70,11 @@ def builds() -> list[tuple[str, str, list[str]]]:
                 for dtype in ("float16", "bfloat16"):
                     label = f"dec{v.number:02d}_d{d}_rt{rows}_{dtype}"
                     out.append((label, v.source(), [arch, *decode.defines(d, rows, dtype)]))
+    for d in (64, 128):
+        for dtype in ("float16", "bfloat16"):
+            flags = ["-arch=sm_90a", *prefill.defines(d, dtype)]
+            out.append((f"paged_prefill_d{d}_{dtype}", prefill.source(), flags))
+    out.append(("paged_cache", cache.source(), [SM90]))
     for path in sorted((KERNEL_DIR / "probes").glob("*.cu")):
         out.append((f"probe_{path.stem}", paste_includes(path), ["-arch=sm_90a"]))
     return out
@@ -101,6 +117,43 @@ def compare(before: dict, after: dict) -> list[str]:
     return lines
 
 
+_FUNCTION = re.compile(
+    r"^(?:\.visible |\.weak )?\.(?:entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)", re.M
+)
+_GLOBL = re.compile(r"(?:\n[ \t]*// \.globl\s+\S+\s*)+$")  # the next function's first line
+
+
+def entries(ptx: str) -> dict[str, str]:
+    """Each function of a PTX module by name, from its ``.entry`` or ``.func`` line to the next
+    function's, with the numbers nvcc gives by the function's place in the module (its basic
+    blocks' labels ``$L__BB<i>_<n>``, its ``__local_depot<i>``) written ``#``: two modules
+    whose functions are the same, but fewer or in another order, compare equal by function."""
+    starts = [m.start() for m in _FUNCTION.finditer(ptx)]
+    out = {}
+    for a, b in zip(starts, [*starts[1:], len(ptx)], strict=True):
+        text = _GLOBL.sub("\n", ptx[a:b])
+        text = re.sub(r"\$L__BB\d+_", "$L__BB#_", text)
+        out[_FUNCTION.match(text).group(1)] = re.sub(r"__local_depot\d+", "__local_depot#", text)
+    return out
+
+
+def compare_entries(before: Path, after: Path, labels) -> tuple[list[str], list[str]]:
+    """For each build of ``labels`` (whose whole files differ): (lines naming the functions of
+    ``after`` that differ from ``before``'s or are new, lines naming the builds whose
+    functions are all the same and the functions only ``before`` has)."""
+    bad, same = [], []
+    for label in labels:
+        a = entries((before / f"{label}.ptx").read_text())
+        b = entries((after / f"{label}.ptx").read_text())
+        differ = [f"differs: {label}: {n}" for n in b if n in a and a[n] != b[n]]
+        differ += [f"only after: {label}: {n}" for n in b if n not in a]
+        bad += differ
+        if not differ:
+            gone = ", ".join(n for n in a if n not in b) or "none"
+            same.append(f"same functions: {label} ({len(b)}; only before: {gone})")
+    return bad, same
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(
         prog=PROG,
@@ -108,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out", type=Path, help="folder for the PTX files and manifest.json")
     parser.add_argument("--compare", type=Path, metavar="BEFORE", help="an earlier OUT folder")
+    parser.add_argument(
+        "--entries",
+        action="store_true",
+        help="with --compare: compare the builds that differ function by function",
+    )
     args = parser.parse_args(argv)
     if subprocess.run(["which", "nvcc"], capture_output=True).returncode != 0:
         return cli.missing(PROG, "nvcc (the CUDA compiler) is not on PATH: nothing built")
@@ -122,4 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"byte-identical to {args.compare}: {same}; other: {len(lines)}")
     print("\n".join(lines))
-    return 1 if lines else 0
+    if not args.entries or any(not line.startswith("differs") for line in lines):
+        return 1 if lines else 0
+    differ = [line.split(": ", 1)[1] for line in lines]
+    bad, kept = compare_entries(args.compare, args.out, differ)
+    print(f"of the {len(differ)} that differ, the same function by function: {len(kept)}")
+    print("\n".join(kept + bad))
+    return 1 if bad else 0

@@ -3,7 +3,9 @@
 A results file records ``meta.commit`` and ``meta.sources``: the source hash
 (``flashref.bench.provenance.source_hash``, includes pasted in) of each kernel version it
 measured. This test recomputes the hashes from the tree: a file that names a version whose
-source has changed since fails, with the command that re-records it. Files recorded before
+source has changed since fails, with the command that re-records it; a change of the text
+alone, whose PTX the snapshot showed the same (``provenance.SAME_PTX``), is not a change of the
+kernel. Files recorded before
 the hashes existed are listed by name in ``RECORDED_BEFORE_HASHES``; the list only shrinks (a
 listed file that now has hashes fails until it is taken off), and a new file without hashes
 fails.
@@ -66,7 +68,11 @@ def test_a_results_file_still_describes_the_kernels_it_measured(name):
     # under other_sources alone; every file names some kernel
     assert meta["sources"] or meta.get("other_sources"), f"results/{name} names no kernel"
     now = provenance.current_hashes()
-    stale = {v: (h, now.get(v)) for v, h in meta["sources"].items() if now.get(v) != h}
+    stale = {
+        v: (h, now.get(v))
+        for v, h in meta["sources"].items()
+        if not provenance.describes(v, h, now.get(v))
+    }
     assert not stale, (
         f"results/{name} measured kernels whose sources changed since (version: recorded "
         f"hash, the tree's): {stale}; re-record it"
@@ -112,3 +118,11 @@ def test_a_file_still_describes_its_unnumbered_kernels(name):
     for path, h in _meta(name)["other_sources"].items():
         now = provenance.source_hash(paste_includes(KERNEL_DIR / path))
         assert h == now, f"results/{name} measured another {path}; re-record it"
+
+
+def test_a_text_only_change_carries_a_recorded_hash_to_the_new_one(monkeypatch):
+    monkeypatch.setattr(provenance, "SAME_PTX", {"decode/7": {"a": "b", "b": "c", "x": "x"}})
+    assert provenance.describes("decode/7", "a", "c") and provenance.describes("decode/7", "c", "c")
+    assert not provenance.describes("decode/7", "a", "d")  # then a real change
+    assert not provenance.describes("decode/6", "a", "c")  # another version's change
+    assert not provenance.describes("decode/7", "x", "y")  # a loop ends

@@ -16,6 +16,7 @@ import pytest
 import flashref.gpu as fg
 from flashref.gpu import decode as dec
 from flashref.gpu.decode import checks as dchk
+from flashref.gpu.registry import KERNEL_DIR, paste_includes
 
 
 def _qkv(Hq=8, Hkv=2, Nq=1, Nk=100, d=64, dtype=np.float16, B=2):
@@ -446,8 +447,8 @@ def _code_changes(old: int, new: int) -> tuple[list[str], list[str]]:
 def test_version_6_is_version_5s_split_kernel_and_version_3s_combine():
     """Version 6: version 5's split kernel written out whole under its own name, less the
     counters and the last-block merge (the only lines that differ from version 5's file),
-    version 3's combine kernel through version 4's file (included, not copied), and version 5's
-    plan: threads, grid, shared memory, split rule."""
+    version 3's combine kernel through split_merge.cuh (included, not copied, as version 3's
+    file includes it), and version 5's plan: threads, grid, shared memory, split rule."""
     v6 = dec.VERSIONS[6]
     assert (v6.file, v6.split_kernel, v6.combine_kernel) == (
         "v06_tma_two_launches.cu",
@@ -461,9 +462,14 @@ def test_version_6_is_version_5s_split_kernel_and_version_3s_combine():
         "merge_if_last_split",
         "unsigned",
     ]
-    text4, text6 = dec.source(4), dec.source(6)
-    assert text4 in text6 and "V5_" not in text6  # no later version's switches
+    merge = paste_includes(KERNEL_DIR / "decode" / "split_merge.cuh")
+    text6 = dec.source(6)
+    assert merge in dec.source(3) and merge in text6 and "V5_" not in text6  # no later switches
     assert text6.count("decode_combine_v3(") == 1 and not re.search(r"^#include", text6, re.M)
+    for n in (5, 6, 7):  # the TMA versions paste in the shared pieces, not versions 2-4's kernels
+        text = dec.source(n)
+        assert "merge_warps_v2(" in text and "decode_split_kv_v2(" not in text, n
+        assert "decode_split_kv_v4(" not in text and "decode_combine_v2(" not in text, n
     assert 6 in dec.SM90A_VERSIONS and 6 in dec.MERGE_IN_REGISTERS
     assert dec.threads(6) == dec.threads(5) == 160
     for d, tiles in dec.BLOCKS_V5:

@@ -385,9 +385,14 @@ def _function(cp, name: str, device: int):
     return _module(cp, device).get_function(name)
 
 
+def source() -> str:
+    """The text of ``paged_cache.cu`` (it includes nothing), as NVRTC is given it."""
+
+    return (KERNEL_DIR / "decode" / "paged_cache.cu").read_text()
+
+
 @functools.lru_cache(maxsize=8)
 def _module(cp, device: int):
     from .._launch import NVRTC_OPTIONS
 
-    source = (KERNEL_DIR / "decode" / "paged_cache.cu").read_text()
-    return cp.RawModule(code=source, options=NVRTC_OPTIONS)
+    return cp.RawModule(code=source(), options=NVRTC_OPTIONS)

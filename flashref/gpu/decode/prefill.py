@@ -34,7 +34,6 @@ import numpy as np
 from ..._checks import causal_bottom_right, check_flag, check_scale, group_size
 from .. import _host
 from .._runtime import require_gpu
-from ..registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 from .checks import (
     DTYPES,
     HEAD_DIMS,
@@ -236,14 +235,27 @@ def paged_prefill_attention(
 _LAUNCHERS: dict = {}
 
 
+def source() -> str:
+    """The kernel file's text with its includes pasted in, as NVRTC is given it."""
+    from .registry import KERNEL_DIR, paste_includes
+
+    return paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
+
+
+def defines(d: int, dtype: str) -> tuple[str, ...]:
+    """The defines of a (d, dtype) build (beside -arch=sm_90a)."""
+    from .registry import DTYPE_DEFINES
+
+    return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
+
+
 @functools.lru_cache(maxsize=16)
 def _function(cp, d: int, dtype: str, device: int):
     """The compiled kernel and its combine kernel for (d, dtype) on ``device``."""
     from .._launch import NVRTC_OPTIONS
 
-    source = paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
-    opts = (*NVRTC_OPTIONS, "-arch=sm_90a", f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
-    module = cp.RawModule(code=source, options=opts)
+    opts = (*NVRTC_OPTIONS, "-arch=sm_90a", *defines(d, dtype))
+    module = cp.RawModule(code=source(), options=opts)
     fn = module.get_function(KERNEL)
     fn.max_dynamic_shared_size_bytes = smem_bytes(d)
     return fn, module.get_function(COMBINE)

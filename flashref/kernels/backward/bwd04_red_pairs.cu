@@ -25,25 +25,7 @@
 
 #include "mma_common.cuh"  // typedefs, NEG_INF and the PTX wrappers: ldmatrix, mma, cp.async
 
-constexpr int CHUNKS = D / 8;             // 16-byte pieces per row
-constexpr int RSTEP = NTHREADS / CHUNKS;  // rows covered by one pass of the block's threads
-constexpr float LOG2E = 1.4426950408889634f;
-
-// start copying rows [row0, row0 + ROWS) of an (N, D) matrix into shared memory at address s,
-// zeros past N. Thread tid copies piece tid % CHUNKS of rows tid / CHUNKS + k * RSTEP.
-template <int ROWS>
-__device__ __forceinline__ void load_tile_async(u32 s, const half_t* src, int row0, int N)
-{
-    const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
-    const half_t* g = src + (size_t)(row0 + r) * D + c * 8;  // this thread's first piece
-    const u32 dst = s + (r * LDS + c * 8) * 2;
-    const int rows_left = N - row0 - r;
-#pragma unroll
-    for (int k = 0; k < ROWS / RSTEP; k++) {
-        const bool ok = k * RSTEP < rows_left;
-        cp_async16(dst + k * RSTEP * LDS * 2, ok ? g + k * RSTEP * D : src, ok);
-    }
-}
+#include "tile_loads.cuh"  // CHUNKS, RSTEP, LOG2E, load_tile_async
 
 // lse * log2(e) and D of queries [q0, q0 + Br) into shared memory (threads 0..Br-1 take lse,
 // Br..2Br-1 take D, the others none). A query past Nq or one that saw no key (lse = -inf)

@@ -65,7 +65,7 @@
 //
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d> (and -DFLASHREF_BF16 for
 // bfloat16 inputs); the caller passes the tensor maps of Q, dO (box 64 x 64) and K, V (box
-// Bc x 64) over (B*H*N, D) views (flashref.gpu.models.hopper.tensor_map). The speed is in results/.
+// Bc x 64) over (B*H*N, D) views (flashref.gpu.tma.tensor_map). The speed is in results/.
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -156,18 +156,7 @@ __device__ __forceinline__ void dq_issue(float (&dq)[32], u32 dst, u32 kw)
                            desc_mnmajor_sw128(kw, kk, BOX_KV), kk > 0);
 }
 
-// A fragments of a (64 x Br) accumulator, 16 queries per kk (a_from_c); the empty asm keeps
-// the packing above the wgmma_fence that follows it
-__device__ __forceinline__ void pack_a(u32 (&a)[Br / 16][4], const float (&c)[Br / 2])
-{
-#pragma unroll
-    for (int kk = 0; kk < Br / 16; kk++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            a[kk][r] = pack_half2(c[8 * kk + 2 * r], c[8 * kk + 2 * r + 1]);
-            asm volatile("" : "+r"(a[kk][r]) :: "memory");
-        }
-}
+#include "dkdv_loop.cuh"  // pack_a, load_tiles, load_lse_d, store_dkdv
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 flash_bwd9(const half_t* __restrict__ Q,     // (B*H, Nq, D), read through qmap
@@ -216,39 +205,10 @@ flash_bwd9(const half_t* __restrict__ Q,     // (B*H, Nq, D), read through qmap
     if (wg == 0) {  // the producer warpgroup: registers given back; thread 0 and warp 1 copy
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
-            mbar_arrive_expect_tx(kvbar, 2 * KV_BYTES);
-#pragma unroll
-            for (int b = 0; b < NBOX; b++) {
-                tma_load_2d(Ks + b * BOX_KV, &kmap, 64 * b, bh * Nk + c0, kvbar);
-                tma_load_2d(Vs + b * BOX_KV, &vmap, 64 * b, bh * Nk + c0, kvbar);
-            }
-            for (int it = 0; it < n_tiles; it++) {
-                const int st = it % STAGES, use = it / STAGES;  // use-th filling of stage st
-                if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
-                const u32 full = full0 + 8 * st;
-                const int row = bh * Nq + (i_start + it) * Br;
-                mbar_arrive_expect_tx(full, 2 * Q_BYTES);
-#pragma unroll
-                for (int b = 0; b < NBOX; b++) {
-                    tma_load_2d(Qs_buf + st * Q_BYTES + b * BOX_Q, &qmap, 64 * b, row, full);
-                    tma_load_2d(dOs_buf + st * Q_BYTES + b * BOX_Q, &domap, 64 * b, row, full);
-                }
-            }
+            load_tiles(Ks, Vs, Qs_buf, dOs_buf, kvbar, full0, empty0, &qmap, &kmap, &vmap, &domap, bh,
+                       Nq, Nk, c0, i_start, n_tiles);
         } else if (warp == 1) {  // lse * log2e (+inf: P = 0) and D of each query tile
-            const float inf = __int_as_float(0x7f800000);
-            for (int it = 0; it < n_tiles; it++) {
-                const int st = it % STAGES, use = it / STAGES;
-                if (use >= 1) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
-                const int q0 = (i_start + it) * Br;
-#pragma unroll
-                for (int r = lane; r < Br; r += 32) {
-                    const bool in = q0 + r < Nq;
-                    const float x = in ? lse[(size_t)bh * Nq + q0 + r] : inf;
-                    lse_s_[st][r] = x == NEG_INF ? inf : x * LOG2E;
-                    D_s_[st][r] = in ? Dvec[(size_t)bh * Nq + q0 + r] : 0.f;
-                }
-                mbar_arrive(full0 + 8 * st);  // release: the stores above come first
-            }
+            load_lse_d(lse, Dvec, full0, empty0, bh, Nq, i_start, n_tiles, lane);
         }
         return;
     }
@@ -375,16 +335,5 @@ flash_bwd9(const half_t* __restrict__ Q,     // (B*H, Nq, D), read through qmap
     if (t == 0) bulk_wait_all();  // the last copies have read the buffer before the block ends
 
     // dK_j = scale * sum dS^T Q, dV_j = sum P^T dO: rows kw0 + 16 warp + g (+8), if < Nk
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int key = kw0 + 16 * warp + g + 8 * h;
-        if (key >= Nk) continue;
-        u32* dKrow = (u32*)(dK + ((size_t)bh * Nk + key) * D);
-        u32* dVrow = (u32*)(dV + ((size_t)bh * Nk + key) * D);
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            dKrow[n * 4 + t] = pack_half2(dk[4 * n + 2 * h] * scale, dk[4 * n + 2 * h + 1] * scale);
-            dVrow[n * 4 + t] = pack_half2(dv[4 * n + 2 * h], dv[4 * n + 2 * h + 1]);
-        }
-    }
+    store_dkdv(dK, dV, dk, dv, scale, bh, Nk, kw0 + 16 * warp + g, t);
 }

@@ -40,40 +40,10 @@
 //
 // Compiled at run time by NVRTC with -DHEAD_DIM=<d> (64 or 128), -DROW_TILES=<1 or 2> (and
 // -DFLASHREF_BF16 for bfloat16), as version 3, whose text (and version 2's) is pasted in below.
+// The ending, merge_if_last_split, is in split_merge.cuh (pasted in with version 3's text):
+// version 5 ends with it too.
 
-#include "v03_register_merge.cu"  // split_kv_v2_body<>, combine_row_v3<> (and their kernels)
-
-// The ending of version 4 (and 5): after the split kernel's body, every thread of the block
-// calls this. One split: nothing to do. Otherwise the block is counted in on its row block's
-// counter, and the last of the S split blocks merges the row block's partials (its first
-// NWARPS warps take the rows in turn) and sets the counter back to 0.
-__device__ __forceinline__ void
-merge_if_last_split(const float* __restrict__ O_part, const float* __restrict__ lse_part,
-                    half_t* __restrict__ O, float* __restrict__ lse, int Hq, int Hkv, int Nq,
-                    unsigned* __restrict__ counters)
-{
-    const int S = gridDim.x;
-    if (S == 1) return;  // O and lse are written: nothing to merge
-
-    __threadfence();  // this thread's partials are visible to every block ...
-    __syncthreads();  // ... and every thread's, before the block is counted in
-    unsigned seen = 0;
-    if (threadIdx.x == 0) {
-        unsigned* c = counters + (size_t)blockIdx.z * gridDim.y + blockIdx.y;
-        seen = atomicAdd(c, 1u);          // splits of this row block counted before this one
-        if (seen == S - 1) atomicExch(c, 0u);  // all S are in: ready for the next call
-    }
-    if (!__syncthreads_or(threadIdx.x == 0 && seen == S - 1)) return;  // not the last block
-    __threadfence();  // the other blocks' partials are read after their count was seen
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int hkv = blockIdx.y % Hkv, row0 = (blockIdx.y / Hkv) * ROWS;  // as the body
-    const int G = Hq / Hkv, M = G * Nq;
-    const size_t qrow0 = ((size_t)blockIdx.z * Hq + (size_t)hkv * G) * Nq;
-    if (warp < NWARPS)  // version 5's producer warp holds no rows
-        for (int R = row0 + warp; R < min(row0 + ROWS, M); R += NWARPS)  // uniform in the warp
-            combine_row_v3<true>(O_part, lse_part, O, lse, (int)(qrow0 + R), S, lane);
-}
+#include "v03_register_merge.cu"  // split_kv_v2_body<>, combine_row_v3<>, merge_if_last_split (and the v2, v3 kernels)
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 2)
 decode_split_kv_v4(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)

@@ -1,7 +1,7 @@
 // decode version 5: version 4 with its K/V copies made by the tensor-memory accelerator (TMA),
 // whole 64-key tiles at a time, issued by a producer warp into a ring shared by the block.
 // Same grid, same split rule, same partial layout and the same one-launch merge (version 4's
-// merge_if_last_split, included below); what changes is who copies K and V, and in what pieces.
+// merge_if_last_split, in split_merge.cuh); what changes is who copies K and V, and in what pieces.
 //
 //   version 2 / 4: each of the 4 warps streams its own 16-key sub-tiles with cp.async, 16 bytes
 //   per lane per instruction: at d = 128 a sub-tile of K and V is 512 copies of 16 bytes, and
@@ -54,10 +54,12 @@
 //
 // sm_90a only (TMA and mbarrier tx counts): flashref.gpu.decode refuses version 5 on another
 // GPU before any work. Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>
-// (64 or 128), -DROW_TILES=<1 or 2> (and -DFLASHREF_BF16 for bfloat16), as version 4, whose
-// text (and versions 3 and 2's) is pasted in below.
+// (64 or 128), -DROW_TILES=<1 or 2> (and -DFLASHREF_BF16 for bfloat16), as version 4. The
+// block's tiling and merge_warps_v2 are version 2's (split_kv.cuh), the last-block merge
+// version 4's (split_merge.cuh, which also brings version 3's combine kernel, unused here).
 
-#include "v04_last_block_merge.cu"  // merge_warps_v2, merge_if_last_split and the v2-v4 kernels
+#include "split_kv.cuh"        // D, MT, ROWS, NWARPS, NTHREADS, Bc, LDS, LDR, CHUNKS, RSTEP, merge_warps_v2
+#include "split_merge.cuh"     // combine_row_v3, decode_combine_v3, merge_if_last_split
 #include "hopper_common.cuh"      // mbarrier, tma_load_2d, fence_proxy_async, TensorMap
 
 #if HEAD_DIM == 128 && ROW_TILES == 2

@@ -26,10 +26,11 @@
 // that are not a multiple of 64, before any work). Compiled at run time by NVRTC with
 // -arch=sm_90a, -DHEAD_DIM=<d> (64 or 128), -DROW_TILES=<1 or 2> (and -DFLASHREF_BF16 for
 // bfloat16), as version 5. The split kernel is written out whole below (version 5's, less the
-// counters and the last-block merge); version 4's file, pasted in, brings versions 2 to 4's
-// helpers and version 3's combine kernel.
+// counters and the last-block merge); split_kv.cuh brings version 2's tiling and
+// merge_warps_v2, split_merge.cuh version 3's combine kernel (decode_combine_v3).
 
-#include "v04_last_block_merge.cu"  // merge_warps_v2, merge_if_last_split and the v2-v4 kernels
+#include "split_kv.cuh"        // D, MT, ROWS, NWARPS, NTHREADS, Bc, LDS, LDR, CHUNKS, RSTEP, merge_warps_v2
+#include "split_merge.cuh"     // combine_row_v3, decode_combine_v3, merge_if_last_split
 #include "hopper_common.cuh"      // mbarrier, tma_load_2d, fence_proxy_async, TensorMap
 
 #if HEAD_DIM == 128 && ROW_TILES == 2

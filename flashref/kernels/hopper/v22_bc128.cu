@@ -27,7 +27,7 @@
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>, d in {64, 128} (and
 // -DFLASHREF_BF16 for bfloat16). The caller guarantees scale > 0 (a negative scale is folded
 // into Q) and passes the tensor maps of Q (box 64 x 64) and K, V (box 128 x 64) viewed as
-// (B*H*N, d) (flashref.gpu.models.hopper.tensor_map).
+// (B*H*N, d) (flashref.gpu.tma.tensor_map).
 
 #define Bc 128                   // key tile at both head dims
 #define KV_STAGES (D > 64 ? 2 : 3)  // K/V tiles the producer may have in flight

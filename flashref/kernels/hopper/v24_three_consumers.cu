@@ -31,7 +31,7 @@
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=64 (and -DFLASHREF_BF16 for
 // bfloat16). The caller guarantees scale > 0 (a negative scale is folded into Q) and passes the
 // tensor maps of Q (box 64 x 64) and K, V (box Bc x 64) viewed as (B*H*N, d)
-// (flashref.gpu.models.hopper.tensor_map).
+// (flashref.gpu.tma.tensor_map).
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64

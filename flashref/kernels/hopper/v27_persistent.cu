@@ -26,7 +26,7 @@
 //     section's K/V stays in L2 while its levels run, and is read from DRAM about once. The
 //     whole list is longest first whenever B x H heads fit in one section; otherwise each
 //     section is, and a section holds G x Tr work tiles, so every block still takes tiles of
-//     nearly every length in each (flashref.gpu.models.work_tiles mirrors the order; its test bounds
+//     nearly every length in each (flashref.hardware.work_tiles mirrors the order; its test bounds
 //     the spread);
 //   * the producer never stops between work tiles: the K/V tiles of all of a block's work tiles
 //     share one running count kv (stage kv % KV_STAGES, parity (kv / KV_STAGES) & 1, so a
@@ -39,7 +39,7 @@
 //   * the ping-pong turns run on across work tiles: each warpgroup takes n_tiles + 1 turns per
 //     work tile (empty ones for causal tiles past its rows), the same count for both, so the turns
 //     stay in step; warpgroup 1 hands on after every turn except its very last one of its last
-//     work tile (turn_end's `more`). flashref.gpu.models.pingpong.run_blocks models the schedule over a
+//     work tile (turn_end's `more`). flashref.hardware.pingpong.run_blocks models the schedule over a
 //     list of work tiles with their causal splits (tests/gpu/test_pingpong_model.py);
 //   * deadlock: no wait of the producer depends on a later work tile (q_empty of tile n needs
 //     only tile n's K/V; a stage's release needs only tiles already loaded), and no barrier can
@@ -58,7 +58,7 @@
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=<d>, d in {64, 128} (and
 // -DFLASHREF_BF16 for bfloat16). The caller guarantees scale > 0 (a negative scale is folded
 // into Q), passes version 23's tensor maps of Q (box 64 x 64) and K, V (box Bc x 64) viewed as
-// (B*H*N, d) (flashref.gpu.models.hopper.tensor_map), then BH = B*H, on Version.grid's
+// (B*H*N, d) (flashref.gpu.tma.tensor_map), then BH = B*H, on Version.grid's
 // min(Tr x BH, SMs) blocks (flashref/gpu/forward_versions.py).
 
 #ifndef HEAD_DIM

@@ -35,7 +35,7 @@
 //     sees key 0, so a warpgroup with a row below Nq has n_mine >= 1, and its causal count
 //     min(n_tiles, (q0 + 64 cw + 63) / Bc + 1) is per warpgroup, as in version 24, whatever Nk
 //     is (n_tiles = ceil(min(Nk, q0 + Br) / Bc) >= 1 for Nk >= 1). The last work tile ends as
-//     version 24's block does. flashref.gpu.models.persistent3 models the three warpgroups and the
+//     version 24's block does. flashref.hardware.persistent3 models the three warpgroups and the
 //     producer over a block's work tiles (tests/gpu/test_persistent3_model.py).
 // Everything else (the softmax, causal per tile, ragged N, lse, the registers) is version 24's.
 //
@@ -47,7 +47,7 @@
 // Compiled at run time by NVRTC with -arch=sm_90a, -DHEAD_DIM=64 (and -DFLASHREF_BF16 for
 // bfloat16). The caller guarantees scale > 0 (a negative scale is folded into Q), passes the
 // tensor maps of Q (box 64 x 64) and K, V (box Bc x 64) viewed as (B*H*N, d)
-// (flashref.gpu.models.hopper.tensor_map), then BH = B*H, on Version.grid's min(Tr x BH, SMs)
+// (flashref.gpu.tma.tensor_map), then BH = B*H, on Version.grid's min(Tr x BH, SMs)
 // blocks (flashref/gpu/forward_versions.py).
 
 #ifndef HEAD_DIM

@@ -1,4 +1,4 @@
-// Probes of the register layouts in flashref/gpu/models/fragments.py (not a kernel version).
+// Probes of the register layouts in flashref/hardware/fragments.py (not a kernel version).
 //
 // One warp each. tests/gpu/test_fragments.py launches them and compares every lane's
 // registers with the Python maps:

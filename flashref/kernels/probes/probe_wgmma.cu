@@ -2,7 +2,7 @@
 //
 // One block of one warpgroup (128 threads) each. flashref/bench/hopper_probe.py launches them,
 // one stage per process (a bad wgmma poisons the CUDA context, a bad barrier hangs), and
-// compares every output with the NumPy models of flashref/gpu/models/hopper.py:
+// compares every output with the NumPy models of flashref/hardware/hopper.py:
 //   probe_tma          (i)   TMA loads a (box_rows, 64) box, 128-byte swizzle, into shared
 //                            memory, waiting on an mbarrier with expect_tx; the raw shared
 //                            bytes are written back: out[i] = 16-bit word i of the tile
