@@ -6,7 +6,8 @@ its own module:
 * ``api``: ``decode_attention``, ``paged_decode_attention``, ``cache_decode_attention``,
   ``choose_num_splits`` and ``decode_plan`` (the split count and launch of a shape);
 * ``versions``: the kernel versions (``VERSIONS``, files under ``flashref/kernels/decode/``),
-  their launch constants and the default (``default_decode_version``);
+  the facts about them (``SM90A_VERSIONS``, ``TILE_KEYS``, ``TMA_ROWS``), their launch
+  constants and the default (``default_decode_version``);
 * ``checks``: the argument checks, with the messages of the CPU functions; ``check_memo``
   keeps them per call signature;
 * ``plan``: ``PagedDecodePlan``, a paged call checked and planned once, then run (and
@@ -31,7 +32,7 @@ from .api import (
     row_tiles,
 )
 from .cache import DevicePagedKVCache
-from .checks import HEAD_DIMS, MAX_NQ, SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
+from .checks import HEAD_DIMS, MAX_NQ
 from .plan import PagedDecodePlan
 from .prefill import paged_prefill_attention
 from .versions import (
@@ -47,11 +48,14 @@ from .versions import (
     MIN_TILES_PER_SPLIT,
     NWARPS,
     PRODUCER_WARPS_V5,
+    SM90A_VERSIONS,
     SPLIT_BLOCKS_V5,
     STAGES,
     STAGES_V5,
     STAGES_W,
     THREADS,
+    TILE_KEYS,
+    TMA_ROWS,
     VERSIONS,
     DecodeVersion,
     blocks_per_sm,

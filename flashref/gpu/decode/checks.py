@@ -17,13 +17,11 @@ import numpy as np
 
 from ..._checks import causal_bottom_right, check_block, check_flag, check_scale
 from .._runtime import dtype_name
+from .versions import SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
 
 MAX_NQ = 16
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
-SM90A_VERSIONS = (5, 6, 7)  # decode versions built for sm_90a: compute capability 9.0 exactly
-TILE_KEYS = 64  # keys per tile (flashref.gpu.decode.TILE_KEYS): version 5's TMA box rows
-TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
 
 
 def check_arrays(q, k, v, kname: str, vname: str) -> None:

@@ -16,9 +16,9 @@ import functools
 import numpy as np
 
 from .. import _host
-from .checks import SM90A_VERSIONS, check_page_size
-from .checks import TILE_KEYS as BC
-from .versions import VERSIONS
+from .checks import check_page_size
+from .versions import SM90A_VERSIONS, VERSIONS
+from .versions import TILE_KEYS as BC
 from .workspace import partials, views
 
 

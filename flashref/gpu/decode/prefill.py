@@ -34,6 +34,7 @@ import numpy as np
 from ..._checks import causal_bottom_right, check_flag, check_scale, group_size
 from .. import _host
 from .._runtime import require_gpu
+from ..registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 from .checks import (
     DTYPES,
     HEAD_DIMS,
@@ -237,15 +238,11 @@ _LAUNCHERS: dict = {}
 
 def source() -> str:
     """The kernel file's text with its includes pasted in, as NVRTC is given it."""
-    from .registry import KERNEL_DIR, paste_includes
-
     return paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
 
 
 def defines(d: int, dtype: str) -> tuple[str, ...]:
     """The defines of a (d, dtype) build (beside -arch=sm_90a)."""
-    from .registry import DTYPE_DEFINES
-
     return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
 
 

@@ -31,7 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..registry import DTYPE_DEFINES, KernelVersion
-from .checks import SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
+
+SM90A_VERSIONS = (5, 6, 7)  # decode versions built for sm_90a: compute capability 9.0 exactly
+TILE_KEYS = 64  # keys per tile: version 5's TMA box rows
+TMA_ROWS = 2**31  # version 5 addresses K/V rows (pages x Hkv x page_size) with int32
 
 
 @dataclass(frozen=True)
