@@ -95,6 +95,12 @@ SAME_PTX: dict[str, dict[str, str]] = {
 }
 
 
+# Kernel files that moved since a results file recorded their hash under other_sources:
+# {recorded path: path now}, both under flashref/kernels/. The text NVRTC is given did not
+# change with the move (the same hash).
+MOVED = {"hopper/paged_prefill.cu": "decode/paged_prefill.cu"}
+
+
 def describes(name: str, recorded: str, now: str | None) -> bool:
     """Whether a hash recorded for ``name`` ("decode/7") describes the tree's source, whose
     hash is ``now``: the same, or carried to it by text-only changes (``SAME_PTX``)."""

@@ -296,13 +296,13 @@ def test_roof_compiles_for_sm90(name, tmp_path):
 SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
 HOPPER_CASES = [("probes/probe_wgmma.cu", ()), ("probes/probe_wgmma.cu", ("-DFLASHREF_BF16",)),
                 ("probes/roof_wgmma.cu", ()),
-                ("hopper/paged_prefill.cu", ("-DHEAD_DIM=64",)),
-                ("hopper/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
+                ("decode/paged_prefill.cu", ("-DHEAD_DIM=64",)),
+                ("decode/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
                 ("decode/paged_cache.cu", ())]  # fmt: skip
 
 
 def _nvcc(path, arch, defines, tmp_path):
-    cmd = ["nvcc", *arch, "-cubin", "-Xptxas", "-v", f"-I{COMMON_DIR}", *defines]
+    cmd = ["nvcc", *arch, "-cubin", "-Xptxas", "-v", f"-I{COMMON_DIR}", f"-I{KERNEL_DIR}", *defines]
     cmd += ["-o", str(tmp_path / "k.cubin"), str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return cmd, proc
