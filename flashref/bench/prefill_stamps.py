@@ -2,7 +2,7 @@
 
     python -m flashref.bench prefill_stamps [--out results/gpu_prefill_stamps.json]
 
-A chunk's kernel (``flashref/kernels/hopper/paged_prefill.cu``) gives each block a few key
+A chunk's kernel (``flashref/kernels/decode/paged_prefill.cu``) gives each block a few key
 tiles, so what a block does before its first product and after its last is a good part of
 the kernel. Nsight Compute sums over the kernel; this tool says when, inside each block, the
 steps happen. It compiles a copy of the kernel's source with stamps pasted in at fixed
@@ -115,7 +115,7 @@ def run() -> dict:
 
     from flashref.gpu._launch import NVRTC_OPTIONS
 
-    source = paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
+    source = paste_includes(KERNEL_DIR / "decode" / "paged_prefill.cu")
     stamped = stamped_source(source)
     modules = {}
 
@@ -172,7 +172,7 @@ def run() -> dict:
             )
     meta = {
         **provenance(cp, torch),
-        "other_sources": {"hopper/paged_prefill.cu": source_hash(source)},
+        "other_sources": {"decode/paged_prefill.cu": source_hash(source)},
         "rule": (
             "median over the blocks of the first work tile of each block: clock64 "
             "stamps from the block's start (its producer thread's first stamp), in us "

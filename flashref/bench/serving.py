@@ -60,7 +60,7 @@ PAGE_SIZES = (64, 128)
 APPEND_B, APPEND_HKV, APPEND_TOKENS = 64, 8, (1, 16, 128, 512)
 REPLAYS = 5
 SECTIONS = ("decode", "append", "prefill", "generation")
-OTHER_SOURCES = ("decode/paged_cache.cu", "hopper/paged_prefill.cu")  # not numbered versions
+OTHER_SOURCES = ("decode/paged_cache.cu", "decode/paged_prefill.cu")  # not numbered versions
 PROG = "python -m flashref.bench serving"
 OUT = Path("results/gpu_serving.json")
 

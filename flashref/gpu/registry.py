@@ -19,12 +19,20 @@ COMMON_DIR = KERNEL_DIR / "common"  # the PTX wrappers every family includes
 # dtype name -> extra NVRTC/nvcc defines; the 16-bit floats share one code path
 DTYPE_DEFINES = {"float32": (), "float16": (), "bfloat16": ("-DFLASHREF_BF16",)}
 
-_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh?)".*$', re.MULTILINE)  # a header or a .cu
+# a header or a .cu, its name alone or with one folder of kernels/ ("hopper/consumer_loop.cuh")
+_INCLUDE = re.compile(r'^#include "((?:[A-Za-z0-9_]+/)?[A-Za-z0-9_]+\.cuh?)".*$', re.MULTILINE)
 
 
 def find_include(name: str, folder: Path) -> Path:
     """Where ``#include "name"`` in a file of ``folder`` resolves: that folder first, then
-    ``kernels/common/`` (as ``nvcc -I<folder> -I<kernels/common>`` would look)."""
+    ``kernels/common/`` (as ``nvcc -I<folder> -I<kernels/common>`` would look). A name with a
+    folder, ``"hopper/consumer_loop.cuh"``, is a header of another family, named where it is:
+    it resolves under ``kernels/`` alone (``nvcc -I<kernels>``), as the serving kernels in
+    ``decode/`` take the Hopper forward's pieces."""
+    if "/" in name:
+        if (KERNEL_DIR / name).is_file():
+            return KERNEL_DIR / name
+        raise FileNotFoundError(f'#include "{name}" in {folder}: not in {KERNEL_DIR}')
     for where in (folder, COMMON_DIR):
         if (where / name).is_file():
             return where / name

@@ -21,7 +21,7 @@ def tool():
 
 @pytest.fixture(scope="module")
 def source():
-    return paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
+    return paste_includes(KERNEL_DIR / "decode" / "paged_prefill.cu")
 
 
 def test_every_stamp_is_pasted_once_in_order_of_its_thread(tool, source):

@@ -112,12 +112,14 @@ def test_every_registered_version_has_a_hash_and_tree_picks_the_measured_ones(mo
 def test_a_file_still_describes_its_unnumbered_kernels(name):
     """A file that measured kernels that are not numbered versions (``bench serving``: the
     cache's and the prefill's) records their hashes as ``meta.other_sources``, by path under
-    ``flashref/kernels/``."""
+    ``flashref/kernels/`` (where it was then: ``provenance.MOVED`` says where it is now; a
+    text-only change is carried by ``provenance.SAME_PTX``, keyed by the path now)."""
     from flashref.gpu.registry import KERNEL_DIR, paste_includes
 
     for path, h in _meta(name)["other_sources"].items():
-        now = provenance.source_hash(paste_includes(KERNEL_DIR / path))
-        assert h == now, f"results/{name} measured another {path}; re-record it"
+        where = provenance.MOVED.get(path, path)
+        now = provenance.source_hash(paste_includes(KERNEL_DIR / where))
+        assert provenance.describes(where, h, now), f"results/{name} measured another {path}"
 
 
 def test_a_text_only_change_carries_a_recorded_hash_to_the_new_one(monkeypatch):
@@ -126,3 +128,21 @@ def test_a_text_only_change_carries_a_recorded_hash_to_the_new_one(monkeypatch):
     assert not provenance.describes("decode/7", "a", "d")  # then a real change
     assert not provenance.describes("decode/6", "a", "c")  # another version's change
     assert not provenance.describes("decode/7", "x", "y")  # a loop ends
+
+
+def test_an_include_with_a_folder_resolves_under_kernels(tmp_path):
+    """``#include "hopper/x.cuh"`` names another family's header where it is (the chunked
+    prefill in decode/ takes the Hopper forward's loop pieces); a bare name resolves in the
+    file's folder, then common/, and nowhere else."""
+    from flashref.gpu import registry
+
+    hopper = registry.KERNEL_DIR / "hopper"
+    text = registry.paste_includes(registry.KERNEL_DIR / "decode" / "paged_prefill.cu")
+    for name in ("consumer_loop.cuh", "tile_scheduler.cuh", "hopper_common.cuh"):
+        where = hopper if name != "hopper_common.cuh" else registry.COMMON_DIR
+        assert (where / name).read_text() in text, name
+    assert registry.find_include("hopper/v29_lean_loop.cu", tmp_path) == hopper / "v29_lean_loop.cu"
+    with pytest.raises(FileNotFoundError, match="consumer_loop.cuh"):
+        registry.find_include("consumer_loop.cuh", registry.KERNEL_DIR / "decode")
+    with pytest.raises(FileNotFoundError, match="hopper/none.cuh"):
+        registry.find_include("hopper/none.cuh", tmp_path)

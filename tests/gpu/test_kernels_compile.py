@@ -313,14 +313,14 @@ HOPPER_CASES = [
     ("probes/probe_wgmma.cu", ()),
     ("probes/probe_wgmma.cu", ("-DFLASHREF_BF16",)),
     ("probes/roof_wgmma.cu", ()),
-    ("hopper/paged_prefill.cu", ("-DHEAD_DIM=64",)),
-    ("hopper/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
+    ("decode/paged_prefill.cu", ("-DHEAD_DIM=64",)),
+    ("decode/paged_prefill.cu", ("-DHEAD_DIM=128", "-DFLASHREF_BF16")),
     ("decode/paged_cache.cu", ()),
 ]
 
 
 def _nvcc(path, arch, defines, tmp_path):
-    cmd = ["nvcc", *arch, "-cubin", "-Xptxas", "-v", f"-I{COMMON_DIR}", *defines]
+    cmd = ["nvcc", *arch, "-cubin", "-Xptxas", "-v", f"-I{COMMON_DIR}", f"-I{KERNEL_DIR}", *defines]
     cmd += ["-o", str(tmp_path / "k.cubin"), str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return cmd, proc

@@ -13,7 +13,7 @@ block table and lengths as ``paged_decode_attention`` takes them (``Hq`` a multi
 position ``lengths[b] - Nq + i`` and sees keys ``j <= i + lengths[b] - Nq`` (``causal=
 "bottom_right"``, the default; ``False``: every key of the sequence). Every sequence must
 hold at least ``Nq`` keys (its chunk appended). The kernel
-(``flashref/kernels/hopper/paged_prefill.cu``) is version 29's loop with K and V read
+(``flashref/kernels/decode/paged_prefill.cu``) is version 29's loop with K and V read
 through the block table, so it runs where version 29 runs: compute capability 9.0 (sm_90a),
 d 64 or 128, float16 or bfloat16, page sizes a multiple of 64.
 
@@ -238,7 +238,7 @@ _LAUNCHERS: dict = {}
 
 def source() -> str:
     """The kernel file's text with its includes pasted in, as NVRTC is given it."""
-    return paste_includes(KERNEL_DIR / "hopper" / "paged_prefill.cu")
+    return paste_includes(KERNEL_DIR / "decode" / "paged_prefill.cu")
 
 
 def defines(d: int, dtype: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@
 //                  reads of the same bytes (they go through the "async proxy")
 //   setmaxnreg     moves registers between warpgroups of one block
 //
-// The layouts are checked on the CPU by flashref/gpu/models/hopper.py's models (tests/gpu/test_hopper_model.py)
+// The layouts are checked on the CPU by flashref/hardware/hopper.py's models (tests/hardware/test_hopper_model.py)
 // and on an H200 by flashref/kernels/probes/probe_wgmma.cu (tests/gpu/test_hopper_probe.py).
 #pragma once
 
@@ -36,7 +36,7 @@ typedef unsigned long long u64;
 //   r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2
 // The pattern repeats every 8 rows (1024 bytes); the tile's base must be 1024-byte aligned.
 // (The hardware XORs address bits 4-6 with bits 7-9, so this holds for the absolute address.)
-// flashref.gpu.models.hopper.swizzle128_offset is the same formula, tested on the CPU.
+// flashref.hardware.hopper.swizzle128_offset is the same formula, tested on the CPU.
 __device__ __forceinline__ u32 swizzle128(int r, int c)
 {
     return r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void wgmma_fence_acc(float (&d)[R])
 }
 
 // ---- wgmma.mma_async m64nNk16, f32 += f16 * f16 (bf16 * bf16 with -DFLASHREF_BF16) -----------
-// Accumulator layout (PTX ISA: "Matrix Fragments for wgmma.m64nNk16", flashref.gpu.models.hopper
+// Accumulator layout (PTX ISA: "Matrix Fragments for wgmma.m64nNk16", flashref.hardware.hopper
 // .wgmma_c): warp w = (threadIdx.x % 128) / 32 holds rows 16 w .. 16 w + 15; inside them it has
 // the mma.sync m16n8k16 C layout once per 8 columns: with g = lane / 4, t = lane % 4,
 //   d[4 j + 0], d[4 j + 1]: D[16 w + g][8 j + 2 t, + 1]
@@ -211,7 +211,7 @@ __device__ __forceinline__ void mbar_wait_suspend(u32 bar, u32 parity, u32 suspe
 }
 
 // ---- TMA: cp.async.bulk.tensor (PTX ISA: "Data Movement: cp.async.bulk.tensor") --------------
-// The tensor map (made on the host by cuTensorMapEncodeTiled, flashref.gpu.models.hopper.tensor_map)
+// The tensor map (made on the host by cuTensorMapEncodeTiled, flashref.gpu.tma.tensor_map)
 // reaches the kernel as a `const __grid_constant__ TensorMap` parameter; its generic address
 // is passed here. One thread issues the copy of the box whose top-left element is at column
 // c0, row c1 (innermost coordinate first) to shared address dst (1024-byte aligned for the

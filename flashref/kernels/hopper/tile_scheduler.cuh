@@ -1,7 +1,7 @@
 // The producer's K/V load and the work-tile order of the persistent versions (27 to 30),
 // included by each after its tile constants: KV_BYTES (one K or V tile), NBOX (64-column
 // boxes per row) and BOX_KV (bytes from one box of a tile to the next). work_tile's order
-// is mirrored on the host by flashref.gpu.models.work_tiles, whose tests bound its balance.
+// is mirrored on the host by flashref.hardware.work_tiles, whose tests bound its balance.
 
 #pragma once
 

@@ -21,7 +21,7 @@
 //   * warpgroup 1's last turn hands nothing on: no turn of warpgroup 0 follows it, and its
 //     arrival would stay counted on the barrier when the block exits. Each barrier then sees
 //     as many arrivals as waits (warpgroup 0's: the first hand-over and warpgroup 1's first
-//     n_tiles turns; warpgroup 1's: warpgroup 0's n_tiles + 1 turns; tests/gpu/test_pingpong_model.py
+//     n_tiles turns; warpgroup 1's: warpgroup 0's n_tiles + 1 turns; tests/hardware/test_pingpong_model.py
 //     runs the schedule for every tile count and causal split);
 //   * the turn waits come after the wait for the tile's full barrier, so a warpgroup waiting for
 //     TMA does not hold the turn. A turn k waits at most for tile k, and each warpgroup releases

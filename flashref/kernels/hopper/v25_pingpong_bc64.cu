@@ -14,7 +14,7 @@
 //   * causal: with Bc = 64 < Br = 128 the two consumer warpgroups of a diagonal block have
 //     different tile counts (version 21's n_mine); version 23's turns already stay in step
 //     for that case (every warpgroup takes n_tiles + 1 turns, the tiles past its rows as empty
-//     turns), which tests/gpu/test_pingpong_model.py runs for every split.
+//     turns), which tests/hardware/test_pingpong_model.py runs for every split.
 // The text of version 23 is included below with these three definitions in front of it.
 //
 // Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this

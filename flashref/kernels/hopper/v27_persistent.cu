@@ -40,7 +40,7 @@
 //     work tile (empty ones for causal tiles past its rows), the same count for both, so the turns
 //     stay in step; warpgroup 1 hands on after every turn except its very last one of its last
 //     work tile (turn_end's `more`). flashref.hardware.pingpong.run_blocks models the schedule over a
-//     list of work tiles with their causal splits (tests/gpu/test_pingpong_model.py);
+//     list of work tiles with their causal splits (tests/hardware/test_pingpong_model.py);
 //   * deadlock: no wait of the producer depends on a later work tile (q_empty of tile n needs
 //     only tile n's K/V; a stage's release needs only tiles already loaded), and no barrier can
 //     run two phases ahead of its waiter (Q of tile n + 1 needs q_empty of tile n, which needs

@@ -36,7 +36,7 @@
 //     min(n_tiles, (q0 + 64 cw + 63) / Bc + 1) is per warpgroup, as in version 24, whatever Nk
 //     is (n_tiles = ceil(min(Nk, q0 + Br) / Bc) >= 1 for Nk >= 1). The last work tile ends as
 //     version 24's block does. flashref.hardware.persistent3 models the three warpgroups and the
-//     producer over a block's work tiles (tests/gpu/test_persistent3_model.py).
+//     producer over a block's work tiles (tests/hardware/test_persistent3_model.py).
 // Everything else (the softmax, causal per tile, ragged N, lse, the registers) is version 24's.
 //
 // Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this

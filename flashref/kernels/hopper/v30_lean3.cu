@@ -30,7 +30,7 @@
 // Everything else (the schedule and its deadlock argument, the idle warpgroup past Nq, the
 // softmax, causal per tile, ragged N, lse) is version 28's: see its header.
 // flashref.hardware.persistent3 models the three warpgroups and the producer
-// (tests/gpu/test_persistent3_model.py runs its checks on this text as on version 28's).
+// (tests/hardware/test_persistent3_model.py runs its checks on this text as on version 28's).
 //
 // Measured: see the recorded run (results/gpu_hopper.json), printed by chapter 12; this
 // comment holds no numbers, so it cannot disagree with them.

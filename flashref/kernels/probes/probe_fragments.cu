@@ -1,6 +1,6 @@
 // Probes of the register layouts in flashref/hardware/fragments.py (not a kernel version).
 //
-// One warp each. tests/gpu/test_fragments.py launches them and compares every lane's
+// One warp each. tests/hardware/test_fragments.py launches them and compares every lane's
 // registers with the Python maps:
 //   probe_ldmatrix: a 16 x 16 tile of 16-bit codes (row << 8 | col) goes to shared
 //     memory; one ldmatrix.x4 (or .x4.trans) with the address pattern of the kernels'

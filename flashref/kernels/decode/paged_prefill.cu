@@ -1,6 +1,6 @@
 // prefill: version 29's kernel reading K and V through a block table (a paged cache), with
 // the causal mask bottom-right (sm_90a only). Not a numbered version: it is the forward of a
-// prompt chunk written into a paged cache, launched by flashref.gpu.prefill
+// prompt chunk written into a paged cache, launched by flashref.gpu.decode.prefill
 // (paged_prefill_attention), and it takes the pools and tables of flashref.gpu.decode.
 //
 // A serving engine writes a long prompt into its cache chunk by chunk: the chunk's keys and
@@ -66,7 +66,7 @@
 #include "mma_common.cuh"     // half_t, u32, NEG_INF, pack_half2, ex2, smem_u32
 #include "hopper_common.cuh"  // wgmma, descriptors, mbarrier, TMA
 
-#include "consumer_loop.cuh"  // tile constants, qk/pv issue, pack_p, max_tree, ring_next, softmax_tile
+#include "hopper/consumer_loop.cuh"  // tile constants, qk/pv issue, pack_p, max_tree, ring_next, softmax_tile
 
 // ping-pong: wait until it is consumer warpgroup cw's turn to issue wgmma
 __device__ __forceinline__ void turn_begin(int cw)
@@ -82,7 +82,7 @@ __device__ __forceinline__ void turn_end(int cw, int turn, int n_turns, bool mor
     if (cw == 0 || more || turn + 1 < n_turns) named_bar_arrive(PINGPONG_BAR + 1 - cw, NCONSUMERS);
 }
 
-#include "tile_scheduler.cuh"  // work_tile (the order of the work tiles)
+#include "hopper/tile_scheduler.cuh"  // work_tile (the order of the work tiles)
 
 // the pools' row of key k of the sequence (K/V head hkv), k in page `page`; past_end (rows
 // TMA fills with zeros) when k >= L: then every key of its box is past L
