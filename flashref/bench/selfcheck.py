@@ -27,21 +27,13 @@ from ..gpu._runtime import device_cc, require_gpu
 from ..gpu.backward import launch_backward
 from ..gpu.decode import VERSIONS as DECODE_VERSIONS
 from ..gpu.decode.prefill import paged_prefill_attention
+from ..gpu.tolerances import host_dtype
 from .cli import ArgumentParser
 
 LIMIT = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-4}  # loose: a smoke test only
 
 
 PROG = "python -m flashref.bench selfcheck"
-
-
-def host_dtype(name: str):
-    """The NumPy dtype for a kernel dtype name; bfloat16 comes from ml_dtypes (as in CuPy)."""
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def check(ver, d: int, causal: bool, shape_q, shape_k, seed: int = 0, dtype: str | None = None):

@@ -5,9 +5,12 @@ algorithm (matmul, softmax, matmul) run in the kernel's own precision on the sam
 small floor for inputs where that naive error happens to be exactly zero, and never above an
 absolute ceiling per dtype. ``tests/gpu/test_forward.py`` applies it to every version; chapter 7
 prints it for bf16. The backward kernels have the same rule with their own ceilings (below).
+``host_dtype`` names the NumPy dtype a kernel dtype is checked in (bfloat16 from ml_dtypes).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 # Floors: where naive and kernel both happen to be (nearly) exact, e.g. Nk = 1, the 2x rule
 # degenerates to 0; the floor is a few units of the output's rounding.
@@ -57,3 +60,12 @@ def backward_tolerance(dtype: str, naive_err: float, Tc_atomic: int = 0) -> floa
     """The largest relative error of one gradient of a backward kernel of ``dtype``, given the
     naive backward's error; ``Tc_atomic`` key tiles added into it by float32 atomics."""
     return min(2 * naive_err + FLOOR[dtype] + atomic_allowance(Tc_atomic), BWD_CEILING[dtype])
+
+
+def host_dtype(name: str):
+    """The NumPy dtype for a kernel dtype name; bfloat16 comes from ml_dtypes (as in CuPy)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

@@ -54,7 +54,7 @@ def _versions():
 
 
 def _host(dtype: str):
-    from flashref.bench.selfcheck import host_dtype
+    from flashref.gpu.tolerances import host_dtype
 
     return host_dtype(dtype)
 

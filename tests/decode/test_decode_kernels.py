@@ -39,7 +39,7 @@ def _sm90a_only(request, cp):
 
 
 def _host(dtype: str):
-    from flashref.bench.selfcheck import host_dtype
+    from flashref.gpu.tolerances import host_dtype
 
     return host_dtype(dtype)
 

@@ -51,7 +51,7 @@ def _version_dtypes():
 
 
 def _host(dtype: str):
-    from flashref.bench.selfcheck import host_dtype
+    from flashref.gpu.tolerances import host_dtype
 
     return host_dtype(dtype)
 

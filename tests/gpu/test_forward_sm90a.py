@@ -143,8 +143,8 @@ def _child(number: int, dtype: str, d: int) -> None:
 def _check_api(cp, number: int, dtype: str, d: int) -> dict:
     """flash_attention(version=number): q transposed (not contiguous), a negative scale, Nk = 0."""
     from flashref import naive_attention
-    from flashref.bench.selfcheck import host_dtype
     from flashref.gpu import flash_attention
+    from flashref.gpu.tolerances import host_dtype
 
     x = np.random.default_rng(d).standard_normal((2, 50, 3, d)).astype(np.float32)
     x = x.astype(host_dtype(dtype))  # (B, N, H, d)
