@@ -69,9 +69,9 @@ def source_hash(text: str) -> str:
 
 
 # Text-only changes: sources whose text (so their hash) changed while the PTX nvcc makes of
-# them did not, for every build the PTX snapshot makes of them (python -m
-# flashref.bench.ptx_snapshot OUT --compare BEFORE, with --entries where kernels a module no
-# longer needed were dropped). A results file recorded against the old text still describes
+# them did not, for every build the PTX snapshot makes of them (python -m flashref.bench
+# ptx_snapshot OUT --compare BEFORE, with --entries where kernels a module no longer needed
+# were dropped). A results file recorded against the old text still describes
 # the kernels it measured. {version: {old hash: new hash}}, each change commented with the
 # commit its BEFORE snapshot was taken at and what moved.
 SAME_PTX: dict[str, dict[str, str]] = {
