@@ -44,3 +44,23 @@ def test_the_extras_bring_what_their_modules_import():
     for cuda in ("cuda12", "cuda13"):  # CuPy's CUDA libraries, NVRTC among them
         assert any(r.startswith(f"cupy-{cuda}x[ctk]") for r in extras[cuda]), extras[cuda]
     assert any(r.startswith("threadpoolctl") for r in extras["book"])  # chapter 4 imports it
+
+
+def test_every_folder_of_python_modules_is_a_package_the_build_finds():
+    """A folder of modules without ``__init__.py`` imports from a checkout (a namespace
+    package) but is left out of a built wheel by ``packages.find``: every one is a package."""
+    from setuptools import find_packages
+
+    package = ROOT / "flashref"
+    folders = {p.parent for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+    found = set(
+        find_packages(
+            str(ROOT), include=PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+        )
+    )
+    missing = sorted(
+        ".".join(f.relative_to(ROOT).parts)
+        for f in folders
+        if ".".join(f.relative_to(ROOT).parts) not in found
+    )
+    assert not missing, missing
