@@ -101,12 +101,11 @@ def draw_backward_grid(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    ver, number = tiles, tiles.number
     Nk = Nq if Nk is None else Nk
     g = tiles_grid(tiles, Nq, Nk, causal)
     block = g.Tc // 3 if block is None else check_block(block, "block", 0, g.Tc - 1)
     slices, atomic = tiles.slices, tiles.atomic
-    w = ver.Bc / ver.Br  # a key tile's width, in query-tile heights
+    w = tiles.Bc / tiles.Br  # a key tile's width, in query-tile heights
     x0, xq, dq_w = 1.9, 1.9 + g.Tc * w + 0.45, 1.25  # the tile plane; the dQ column
     xl = xq + dq_w + 0.45  # the key
     top, bottom = -1.3, g.Tr + 1.3
@@ -200,7 +199,7 @@ def draw_backward_grid(
     ax.text(
         xl,
         -0.62,
-        f"version {number}: Bc = {ver.Bc}, Br = {ver.Br}\nNq = {Nq}, Nk = {Nk}{mask}",
+        f"version {tiles.number}: Bc = {tiles.Bc}, Br = {tiles.Br}\nNq = {Nq}, Nk = {Nk}{mask}",
         va="center",
         fontsize=8.5,
         linespacing=1.1,
@@ -216,7 +215,7 @@ def draw_backward_grid(
         key.append(("arrow", f"block {block} adds its\nshare of dQ_i"))
         key.append(("+n", "additions into each\nelement of dQ_i"))
     else:
-        key.append(("pass", f"dQ_i: written once by\nflash_bwd{number}_dq"))
+        key.append(("pass", f"dQ_i: written once by\nflash_bwd{tiles.number}_dq"))
     for k, (what, text) in enumerate(key):
         y = 0.1 + k * (g.Tr - 0.2) / len(key)
         if what == "arrow":

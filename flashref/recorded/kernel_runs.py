@@ -33,12 +33,12 @@ NumPy-free; the standard library only.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..hardware.occupancy import resident_warps
+from .files import read_json
 
 GAIN, LOSS = "gain", "loss"
 FASTER, SLOWER = "faster", "slower"
@@ -69,13 +69,10 @@ __all__ = [
 
 
 def _read(path) -> dict:
+    """A benchmark or profile file (``files.read_json``) with its list of rows and its meta."""
     path = Path(path)
-
-    def no_constant(name):  # json.loads takes NaN and Infinity unless told not to
-        raise ValueError(f"{path}: {name} is not a measurement")
-
-    data = json.loads(path.read_text(encoding="utf-8"), parse_constant=no_constant)
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+    data = read_json(path)
+    if not isinstance(data.get("rows"), list):
         raise ValueError(f"{path}: expected a JSON object with a list 'rows'")
     if not isinstance(data.get("meta"), dict):
         raise ValueError(f"{path}: expected a JSON object with an object 'meta'")
