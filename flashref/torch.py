@@ -35,7 +35,7 @@ from . import gpu
 from ._checks import check_flag
 from .gpu import _host, _runtime
 from .gpu.backward import backward_plan
-from .gpu.forward import _plan as forward_plan
+from .gpu.forward import forward_plan
 
 # What flashref.gpu.flash_attention_backward takes (the forward takes more: float32, other d).
 BACKWARD_DTYPES = ("float16", "bfloat16")

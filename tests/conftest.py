@@ -9,7 +9,9 @@ without a GPU are in the repository's conftest.py, which covers notebooks/ too.)
 
 This folder is on ``sys.path`` while the tests run (pytest puts a ``conftest.py``'s folder
 there), so the helpers beside this file import by name: ``reference`` (independent float64
-references) and ``exercise_report`` (what the exercise tests read in a checker's report).
+references), ``exercise_report`` (what the exercise tests read in a checker's report),
+``cupy_standin`` (CuPy and the driver stood in for on a CPU: launches recorded, not run) and
+``call_path`` (the modules an argument passes through from a call to its launch).
 Test folders mirror the library's families: ``core/`` (the NumPy modules), ``exercises/``,
 ``gpu/`` (the forward kernels, their models and compile checks), ``backward/``, ``decode/``,
 ``ring/``, ``bench/``, ``book/``. What a test needs from the machine is in its markers

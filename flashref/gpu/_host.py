@@ -1,6 +1,15 @@
-"""The host side of a call: from the caller's arrays to a launch, with no copy and no sync.
+r"""The host side of a call: from the caller's arrays to a launch, with no copy and no sync.
 
 Every GPU entry point takes CuPy arrays or torch CUDA tensors. What it does with them here:
+
+* **One plan per call signature.** Each entry point (the forward, the backward, decode,
+  paged decode, the paged prefill) keys its call by ``signature`` (types, shapes, dtypes,
+  device, options) in a ``Kept`` of plans: the first call of a signature makes every check
+  and decision once (a subclass of ``Plan``: the backend, the device, the version, the
+  compiled kernels from ``flashref.gpu._launch.compiled``, the grid and scalar arguments),
+  and every call runs the plan: it reads the arrays' ``addresses`` (contiguous and aligned,
+  or the general route copies them first), allocates the outputs and ``launch``\ es. The
+  device paged cache is its appends' plan.
 
 * **Where it runs.** CuPy arrays run on CuPy's current device and stream, torch tensors on
   the tensor's device and torch's current stream there
@@ -27,6 +36,7 @@ Nothing here reads GPU memory on the host: no call synchronises.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 
@@ -35,21 +45,27 @@ from ._runtime import is_torch_tensor as is_torch
 
 
 def signature(arrays, scalars):
-    """The key of a call: each array's type, shape and dtype (None for one not given), the
-    arrays' devices (torch) or CuPy's current device, each scalar with its type (``True`` and
-    ``1``, ``1`` and ``1.0`` are checked differently). None where it cannot be built or
-    hashed: the checks then run and say what is wrong. Built with as few Python steps as
-    it can: every planned call pays for it."""
+    """The key of a call, the one memo of every plan (``Kept``): each array's type, shape and
+    dtype (None for one not given; a torch tensor's device too), CuPy's current device for a
+    CuPy call, each scalar with its type (``True`` and ``1``, ``1`` and ``1.0`` are checked
+    differently). A host table in a call of device arrays (a NumPy block table) is keyed by
+    its type, shape and dtype: its values are read by the plan's ``run``. None where the key
+    cannot be built or hashed (a list, an object without a shape): the checks then run and
+    say what is wrong. Built with as few Python steps as it can: every planned call pays
+    for it."""
     try:
+        first = type(arrays[0])
         if is_torch(arrays[0]):
             parts = [
-                None if x is None else (type(x), x.shape, x.dtype, x.get_device()) for x in arrays
+                None
+                if x is None
+                else (type(x), x.shape, x.dtype, x.get_device() if type(x) is first else None)
+                for x in arrays
             ]
         else:
-            import cupy
-
+            cupy = sys.modules.get("cupy")  # not imported yet: no plan was made (device None)
             parts = [None if x is None else (type(x), x.shape, x.dtype) for x in arrays]
-            parts.append(cupy.cuda.runtime.getDevice())
+            parts.append(None if cupy is None else cupy.cuda.runtime.getDevice())
         parts.append(tuple([(type(s), s) for s in scalars]))
         key = tuple(parts)
         hash(key)
@@ -86,6 +102,54 @@ class Kept:
                 self.items.pop(next(iter(self.items)))
             self.items[key] = value
         return value
+
+    def plan(self, key, make):
+        """The plan kept for ``key``, or ``make()``'s, kept (a plan that raised is not)."""
+        found = self.get(key)
+        return found if found is not None else self.put(key, make())
+
+
+class Plan:
+    """What every plan of a call signature shares: the backend of its arrays (``CuPy`` or
+    ``Torch``), the device its kernels were compiled for, and one ``_driver.Launcher`` per
+    kernel, made at its first launch from that launch's arguments (their kinds do not change
+    within a signature). The forward's, the backward's, decode's, the paged prefill's and
+    the device cache's plans are made on it."""
+
+    def __init__(self, cp, backend):
+        self.cp, self.backend = cp, backend
+        self.device = backend.device if backend.device is not None else cp.cuda.runtime.getDevice()
+        self.launchers: dict = {}
+
+    def on_device(self):
+        """The plan's device made current around its launches, where it is not already."""
+        return device_scope(self.cp, self.device)
+
+    def addresses(self, arrays, align=16):
+        """The arrays' addresses where each is C-contiguous and aligned as the kernels' loads
+        need (``align`` bytes for all, or one alignment per array), else None: the caller
+        copies them first (its general route). An array given as None has address 0 (a null
+        pointer: a table the call does not have)."""
+        b, ptrs = self.backend, []
+        for i, x in enumerate(arrays):
+            if x is None:
+                ptrs.append(0)
+                continue
+            if not b.contiguous(x):
+                return None
+            p = b.ptr(x)
+            if p % (align if type(align) is int else align[i]):
+                return None
+            ptrs.append(p)
+        return ptrs
+
+    def launch(self, fn, grid, block, smem: int, stream: int, args) -> None:
+        """``fn`` on ``grid`` x ``block`` with ``smem`` bytes of dynamic shared memory, on the
+        stream of handle ``stream`` (inside ``on_device``)."""
+        run = self.launchers.get(fn)
+        if run is None:
+            run = self.launchers[fn] = launcher(fn, args)
+        run(grid, block, smem, stream, args)
 
 
 def _bfloat16():
@@ -255,6 +319,21 @@ def check_torch_tensors(named, device: int | None = None) -> int:
                 f"{name} is on cuda:{dev} but {named[0][0]} is on cuda:{first}; use one device"
             )
     return first
+
+
+def check_tables(b, q, named) -> None:
+    """Device tables ``(name, x)`` (None: not given) of the kind of ``b``, the backend of
+    ``q``'s call, on ``q``'s device: the kernels read them where they are."""
+    for name, x in named:
+        if x is None:
+            continue
+        if (b.kind == "torch") != is_torch(x):
+            raise TypeError(
+                f"{name} is a {type(x).__module__.split('.')[0]} array but q is a "
+                f"{b.kind} one; pass device tables of q's kind, or host arrays"
+            )
+        if b.kind == "torch":
+            check_torch_tensors((("q", q), (name, x)))
 
 
 def backend_of(cp, arrays):

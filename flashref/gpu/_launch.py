@@ -32,7 +32,6 @@ DEFAULT_SMEM = 48 * 1024  # more than this needs an explicit opt-in per kernel
 # environment variable; None: the SM count alone).
 MAX_PERSISTENT_BLOCKS = max_persistent_blocks(os.environ.get("FLASHREF_MAX_PERSISTENT_BLOCKS"))
 
-_functions: dict[tuple, cp.RawKernel] = {}  # (version, d, dtype name, device)
 _device_facts: dict[int, tuple[tuple[int, int], str, int]] = {}
 
 
@@ -53,20 +52,34 @@ def _sm_count() -> int:
     return device_facts()[2]
 
 
+_COMPILED: dict[tuple, tuple] = {}  # (what, device) -> kernels: every family's, one cache
+
+
+def compiled(what: tuple, source, options, kernels, smem=None) -> tuple:
+    """The kernels named ``kernels`` (None gives None) of the module NVRTC makes from
+    ``source()`` with ``options`` on the current device, compiled once per process for
+    ``(what, device)``: ``what`` names the build (family, version, head dim, dtype...) and
+    must change where ``source`` or ``options`` do. ``smem`` maps a kernel's name to the
+    dynamic shared memory it is opted in to (above ``DEFAULT_SMEM``). The one compile cache
+    of the forward, backward, decode, paged-prefill and paged-cache kernels."""
+    key = (what, cp.cuda.runtime.getDevice())
+    fns = _COMPILED.get(key)
+    if fns is None:
+        module = cp.RawModule(code=source(), options=(*NVRTC_OPTIONS, *options))
+        fns = tuple(None if name is None else module.get_function(name) for name in kernels)
+        for name, fn in zip(kernels, fns, strict=True):
+            if smem and smem.get(name, 0) > DEFAULT_SMEM:
+                fn.max_dynamic_shared_size_bytes = smem[name]
+        _COMPILED[key] = fns
+    return fns
+
+
 def get_function(ver, d: int, dtype=None):
     """The compiled kernel of version ``ver`` for head dim ``d`` and ``dtype`` on this device."""
     dtype = str(dtype or ver.dtype)  # a name or a NumPy dtype: the key holds its name
-    key = (ver.number, d, dtype, cp.cuda.runtime.getDevice())
-    fn = _functions.get(key)
-    if fn is None:
-        options = (*NVRTC_OPTIONS, *ver.nvrtc_options(), *ver.defines(d, str(dtype)))
-        module = cp.RawModule(code=ver.source(), options=options)
-        fn = module.get_function(ver.kernel)
-        smem = ver.smem_bytes(d)
-        if smem > DEFAULT_SMEM:
-            fn.max_dynamic_shared_size_bytes = smem
-        _functions[key] = fn
-    return fn
+    options = (*ver.nvrtc_options(), *ver.defines(d, dtype))
+    smem = {ver.kernel: ver.smem_bytes(d)}
+    return compiled(("forward", ver.number, d, dtype), ver.source, options, (ver.kernel,), smem)[0]
 
 
 _MAPS = Kept(64)  # tensor maps (a map holds only an address, a shape and a box)

@@ -104,32 +104,27 @@ def resolve_bwd_version(version, dtype: str, d: int, causal: bool = False, cc=No
     return ver
 
 
-_modules: dict[tuple, object] = {}
-
-
 def get_functions(ver: BwdVersion, d: int, dtype: str):
     """(preprocess, main, last) compiled for head dim ``d`` and ``dtype`` on this device; the
     last kernel converts the atomics' float32 dQ, or is the version's own dQ pass."""
-    import cupy as cp
+    from ._launch import compiled
 
-    from ._launch import NVRTC_OPTIONS
-
-    key = (ver.number, d, dtype, cp.cuda.Device().id)
-    fns = _modules.get(key)
-    if fns is None:
-        opts = (*NVRTC_OPTIONS, *ver.defines(d, dtype))
-        pp = cp.RawModule(code=pre_post_source(), options=opts)
-        module = cp.RawModule(code=ver.source(), options=(*opts, *ver.nvrtc_options()))
-        main = module.get_function(ver.kernel)
-        main.max_dynamic_shared_size_bytes = ver.smem_bytes(d)
-        if ver.deterministic_dq:
-            last = module.get_function(ver.dq_kernel)
-            last.max_dynamic_shared_size_bytes = ver.dq_smem_bytes(d)
-        else:
-            last = pp.get_function("bwd_dq_convert")
-        fns = (pp.get_function("bwd_preprocess"), main, last)
-        _modules[key] = fns
-    return fns
+    opts = tuple(ver.defines(d, dtype))
+    pre, convert = compiled(
+        ("backward pre/post", opts), pre_post_source, opts, ("bwd_preprocess", "bwd_dq_convert")
+    )
+    dq_kernel = ver.dq_kernel if ver.deterministic_dq else None
+    smem = {ver.kernel: ver.smem_bytes(d)}
+    if dq_kernel:
+        smem[dq_kernel] = ver.dq_smem_bytes(d)
+    main, dq = compiled(
+        ("backward", ver.number, d, dtype),
+        ver.source,
+        (*opts, *ver.nvrtc_options()),
+        (ver.kernel, dq_kernel),
+        smem,
+    )
+    return pre, main, dq or convert
 
 
 def _tma_maps(ver: BwdVersion, q3, k3, v3, do3, d: int) -> tuple:
@@ -262,14 +257,15 @@ def backward_plan(arrays, causal=False, scale=None, version=None) -> _BwdPlan:
     adapter asks for it in the forward (``do`` is shaped like ``o``), so that its backward,
     which runs on the autograd engine's thread, only launches."""
     key = _host.signature(arrays, (causal, scale, version))
-    return _PLANS.get(key) or _PLANS.put(key, _BwdPlan(arrays, causal, scale, version))
+    return _PLANS.plan(key, lambda: _BwdPlan(arrays, causal, scale, version))
 
 
 _NAMES = ("q", "k", "v", "o", "lse", "do")
+_ALIGN = (16, 16, 16, 16, 4, 16)  # the kernels' 16-byte loads; lse is read as floats
 _PLANS = _host.Kept()  # call signature -> _BwdPlan
 
 
-class _BwdPlan:
+class _BwdPlan(_host.Plan):
     """One checked call signature: the version, the compiled kernels, their grids and scalar
     arguments, so that a call reads six addresses, allocates and launches."""
 
@@ -278,8 +274,8 @@ class _BwdPlan:
         dtype, d, scale, ver, G = check_backward_inputs(*arrays, causal, scale, version)
         causal = bool(causal)
         cp = require_gpu()
-        self.cp = cp
-        self.backend = b = _host.backend_of(cp, tuple(zip(_NAMES, arrays, strict=True)))
+        super().__init__(cp, _host.backend_of(cp, tuple(zip(_NAMES, arrays, strict=True))))
+        b = self.backend
         with b.scope():
             if version is None:  # this GPU's default (BWD_HOPPER_PREFERENCE on 9.0)
                 ver = resolve_bwd_version(None, dtype, d, causal, device_cc(cp))
@@ -301,14 +297,12 @@ class _BwdPlan:
         self.direct = G == 1 and Nq > 0 and Nk > 0 and 0 < BH <= MAX_GRID_Y
         if not self.direct:
             return
-        with _host.device_scope(cp, b.device):
+        with self.on_device():
             self.fns = get_functions(ver, d, dtype)
-            self.device = cp.cuda.runtime.getDevice()
         rows = PRE_THREADS // (d // 8)
         Tr, Tc = (Nq + ver.Br - 1) // ver.Br, (Nk + ver.Bc - 1) // ver.Bc
         self.pre_grid = ((Nq + rows - 1) // rows, BH, 1)
         self.block = (ver.threads, 1, 1)
-        self.launchers = None  # (pre, main, last) _driver.Launcher, made at the first call
         self.ints = (np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(causal))
         self.Nq_arg = np.int32(Nq)
         self.main_grid, self.last_grid = (Tc, BH, 1), (Tr, BH, 1)
@@ -334,12 +328,8 @@ class _BwdPlan:
             self.map_rows = ((BH * Nq, ver.Br), (BH * Nk, ver.Bc))  # q and do, k and v
 
     def run(self, arrays):
-        b = self.backend
-        if self.direct and all([b.contiguous(x) for x in arrays]):
-            ptrs = [b.ptr(x) for x in arrays]
-            if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[5]) & 15 and not ptrs[4] & 3:
-                return self._direct(arrays, ptrs)
-        return self._general(arrays)
+        ptrs = self.addresses(arrays, _ALIGN) if self.direct else None
+        return self._general(arrays) if ptrs is None else self._direct(arrays, ptrs)
 
     def _direct(self, arrays, ptrs):
         b, ver, cp = self.backend, self.ver, self.cp
@@ -374,18 +364,13 @@ class _BwdPlan:
                     maps += (self.dq_map_of(ap, self.BH, self.Nq, d, dev),)
             main_args = (*common, ap, b.ptr(dk), b.ptr(dv), *self.ints, *maps)
             last_args = (ap, b.ptr(dq), *self.convert_args)
-        with _host.device_scope(cp, b.device):
-            if self.launchers is None:
-                firsts = (pre_args, main_args, last_args)
-                self.launchers = tuple(
-                    _host.launcher(fn, a) for fn, a in zip(self.fns, firsts, strict=True)
-                )
-            pre, main, last = self.launchers
-            pre(self.pre_grid, (PRE_THREADS, 1, 1), 0, stream, pre_args)
+        pre, main, last = self.fns
+        with self.on_device():
+            self.launch(pre, self.pre_grid, (PRE_THREADS, 1, 1), 0, stream, pre_args)
             if not ver.deterministic_dq:
                 _host.memset_zero(cp, ap, self.dqacc_bytes, stream)
-            main(self.main_grid, self.block, self.smem, stream, main_args)
-            last(*self.last_launch, stream, last_args)
+            self.launch(main, self.main_grid, self.block, self.smem, stream, main_args)
+            self.launch(last, *self.last_launch, stream, last_args)
         return dq, dk, dv
 
     def _general(self, arrays):

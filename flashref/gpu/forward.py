@@ -111,7 +111,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 
     Returns ``O (..., Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    plan = _plan(q, k, v, causal, scale, version, return_lse)
+    plan = forward_plan(q, k, v, causal, scale, version, return_lse)
     O, lse = plan.run(q, k, v, out)
     return (O, lse) if return_lse else O
 
@@ -119,14 +119,14 @@ def flash_attention(q, k, v, *, causal=False, scale=None, version=None, return_l
 _PLANS = _host.Kept()  # call signature -> _Plan
 
 
-def _plan(q, k, v, causal, scale, version, return_lse) -> _Plan:
+def forward_plan(q, k, v, causal=False, scale=None, version=None, return_lse=False) -> _Plan:
     """The checked plan of this call signature (``_host.signature``): made (every check)
     once, then looked up."""
     key = _host.signature((q, k, v), (causal, scale, version, return_lse))
-    return _PLANS.get(key) or _PLANS.put(key, _Plan(q, k, v, causal, scale, version, return_lse))
+    return _PLANS.plan(key, lambda: _Plan(q, k, v, causal, scale, version, return_lse))
 
 
-class _Plan:
+class _Plan(_host.Plan):
     """One call signature, checked: the version, the route, and for the direct route the
     compiled kernel with its grid and scalar arguments, so that a call only reads the
     arrays' addresses, allocates the outputs and launches."""
@@ -136,8 +136,7 @@ class _Plan:
         causal = bool(causal)  # truthy exactly where it masks (check_inputs)
         ver = resolve_version(version, dtype, d, causal)
         cp = require_gpu()
-        self.cp = cp
-        self.backend = backend_of(cp, (("q", q), ("k", k), ("v", v)))
+        super().__init__(cp, backend_of(cp, (("q", q), ("k", k), ("v", v))))
         with self.backend.scope():
             if version is None:  # the default of this GPU's compute capability
                 ver = resolve_version(None, dtype, d, causal, device_cc(cp))
@@ -168,8 +167,8 @@ class _Plan:
         if BH > _launch.MAX_GRID_Y:
             self.direct = False  # chunks along blockIdx.y: the general route
             return
-        ver, d, b = self.ver, self.d, self.backend
-        with _host.device_scope(self.cp, b.device):
+        ver, d = self.ver, self.d
+        with self.on_device():
             self.fn = _launch.get_function(ver, d, self.dtype)
             sms = _launch._sm_count() if ver.persistent else 1
         if _launch.MAX_PERSISTENT_BLOCKS is not None:
@@ -179,7 +178,6 @@ class _Plan:
             _host.dims3((ver.threads,)),
             ver.smem_bytes(d),
         )
-        self.launch = None  # a _driver.Launcher, made at the first call
         self.scalars = (
             np.int32(self.Nq),
             np.int32(self.Nk),
@@ -194,7 +192,6 @@ class _Plan:
                 (BH * self.Nk, ver.Bc(d)),
                 (BH * self.Nk, ver.Bc(d)),
             )
-        self.device = b.device if b.device is not None else self.cp.cuda.runtime.getDevice()
         self.map_of = _launch.tensor_map_ptr  # the cached TMA descriptors (bytes)
 
     def _check_out(self, out, q):
@@ -216,27 +213,24 @@ class _Plan:
         b = self.backend
         if out is not None:
             self._check_out(out, q)
-        if self.direct and b.contiguous(q) and b.contiguous(k) and b.contiguous(v):
-            ptrs = (b.ptr(q), b.ptr(k), b.ptr(v))
-            if not (ptrs[0] | ptrs[1] | ptrs[2]) & 15:  # the kernels' 16-byte loads
-                O = out if out is not None else b.empty(self.o_shape, q.dtype)
-                lse = b.empty(self.lse_shape, "float32")
-                maps = ()
-                if self.tma:
-                    map_of, d, dt, dev = self.map_of, self.d, self.dtype, self.device
-                    (rq, bq), (rk, bk), (rv, bv) = self.map_rows
-                    maps = (
-                        map_of(ptrs[0], rq, d, dt, bq, dev),
-                        map_of(ptrs[1], rk, d, dt, bk, dev),
-                        map_of(ptrs[2], rv, d, dt, bv, dev),
-                    )
-                args = (*ptrs, b.ptr(O), b.ptr(lse), *self.scalars, *maps, *self.heads)
-                with _host.device_scope(self.cp, b.device):
-                    if self.launch is None:
-                        self.launch = _host.launcher(self.fn, args)
-                    self.launch(self.grid, self.block, self.smem, b.stream_ptr(), args)
-                return O, lse
-        return self._general(q, k, v, out)
+        ptrs = self.addresses((q, k, v)) if self.direct else None  # the 16-byte loads
+        if ptrs is None:
+            return self._general(q, k, v, out)
+        O = out if out is not None else b.empty(self.o_shape, q.dtype)
+        lse = b.empty(self.lse_shape, "float32")
+        maps = ()
+        if self.tma:
+            map_of, d, dt, dev = self.map_of, self.d, self.dtype, self.device
+            (rq, bq), (rk, bk), (rv, bv) = self.map_rows
+            maps = (
+                map_of(ptrs[0], rq, d, dt, bq, dev),
+                map_of(ptrs[1], rk, d, dt, bk, dev),
+                map_of(ptrs[2], rv, d, dt, bv, dev),
+            )
+        args = (*ptrs, b.ptr(O), b.ptr(lse), *self.scalars, *maps, *self.heads)
+        with self.on_device():
+            self.launch(self.fn, self.grid, self.block, self.smem, b.stream_ptr(), args)
+        return O, lse
 
     def _general(self, q, k, v, out):
         """Grouped heads, the decode route, a negative scale, empty shapes, inputs to copy

@@ -1,6 +1,6 @@
 """The decode launch's host shortcuts on the GPU: each gives exactly what the long way gives.
 
-The partials' workspace (``flashref.gpu.decode.workspace``) is shared by calls on one stream:
+The partials' workspace (``flashref.gpu.decode.buffers``) is shared by calls on one stream:
 a call after other shapes and split counts have used it gives the same bits as a call on a
 fresh buffer, and an earlier call's ``O``/``lse`` are never touched by a later call. Inputs
 already contiguous and aligned are passed as they are, others copied; a tensor map is kept per
@@ -39,7 +39,7 @@ def _versions(cp):
 
 def test_a_reused_workspace_gives_the_bits_of_a_fresh_one(cp, monkeypatch):
     from flashref.gpu import decode_attention
-    from flashref.gpu.decode import workspace as decode_workspace
+    from flashref.gpu.decode import buffers as decode_buffers
 
     cases = [
         (2, 8, 2, 1000, 128, 6),
@@ -51,11 +51,11 @@ def test_a_reused_workspace_gives_the_bits_of_a_fresh_one(cp, monkeypatch):
     for version in _versions(cp):
         fresh = {}
         for seed, case in enumerate(cases):  # each call alone, on a new buffer
-            monkeypatch.setattr(decode_workspace, "_buffers", {})
+            monkeypatch.setattr(decode_buffers, "_partials", {})
             q, k, v = _inputs(cp, *case[:5], seed=seed)
             O, lse = decode_attention(q, k, v, num_splits=case[5], return_lse=True, version=version)
             fresh[case] = (cp.asnumpy(O), cp.asnumpy(lse))
-        monkeypatch.setattr(decode_workspace, "_buffers", {})
+        monkeypatch.setattr(decode_buffers, "_partials", {})
         kept = []
         for rnd in range(2):  # every call on the buffer the calls before it used
             for seed, case in enumerate(cases):
@@ -73,7 +73,7 @@ def test_a_reused_workspace_gives_the_bits_of_a_fresh_one(cp, monkeypatch):
         for case, O, lse in kept:  # later calls never wrote into an earlier call's O, lse
             assert cp.asnumpy(O).tobytes() == fresh[case][0].tobytes(), f"v{version} {case}: O"
             assert cp.asnumpy(lse).tobytes() == fresh[case][1].tobytes(), f"v{version} {case}"
-        assert len(decode_workspace._buffers) <= 3, decode_workspace._buffers.keys()
+        assert len(decode_buffers._partials) <= 3, decode_buffers._partials.keys()
 
 
 def test_kernel_inputs_pass_as_they_are_or_are_copied(cp):

@@ -1,5 +1,5 @@
-"""The host side of a decode call without a GPU: checks kept per signature, the partials'
-workspace, the block table's vectorised check.
+"""The host side of a decode call without a GPU: a call planned once per signature (its checks
+made once), the partials' buffers, the block table's vectorised check.
 
 NumPy arrays stand in for GPU arrays (the checks read only type, shape, dtype and ndim);
 valid arguments end in ``GPUUnavailableError`` on a machine without CuPy, after the checks.
@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 
 import flashref.gpu as fg
+from flashref.gpu import _host
 from flashref.gpu.decode import api as dec
-from flashref.gpu.decode import check_memo
+from flashref.gpu.decode import buffers as ws
 from flashref.gpu.decode import checks as dchk
-from flashref.gpu.decode import workspace as ws
 
 
 @pytest.fixture
 def counted(monkeypatch, no_cupy):
-    """Fresh memos, and a count of check_kind calls (every kept check runs it once)."""
-    monkeypatch.setattr(dec, "_CONTIGUOUS_CHECKS", check_memo.CheckMemo(dec._contiguous_checks))
-    monkeypatch.setattr(dec, "_PAGED_CHECKS", check_memo.CheckMemo(dec._paged_checks))
+    """No kept plans, and a count of check_kind calls (every plan's checks run it once)."""
+    monkeypatch.setattr(dec, "_PLANS", _host.Kept())
     calls = []
     real = dec.check_kind
 
@@ -115,32 +114,34 @@ def test_bad_input_after_good_input_still_raises(counted, kw, error, match):
     _call(_qkv(), **good)
 
 
-def test_a_failed_check_is_not_kept():
+def test_a_plan_that_raised_is_not_kept(no_cupy):
     runs = []
 
-    def check(x, flag):
+    def plan(flag):
         runs.append(flag)
         if flag:
             raise ValueError("flag is set")
         return ("ok",)
 
-    memo = check_memo.CheckMemo(check)
+    kept = _host.Kept()
     x = np.zeros(3)
     for _ in range(2):
         with pytest.raises(ValueError, match="flag is set"):
-            memo((x,), (True,))
-    assert memo((x,), (False,)) == ("ok",) == memo((x,), (False,))
-    assert runs == [True, True, False] and len(memo.outcomes) == 1
+            kept.plan(_host.signature((x,), (True,)), lambda: plan(True))
+    key = _host.signature((x,), (False,))
+    assert kept.plan(key, lambda: plan(False)) == ("ok",) == kept.plan(key, lambda: plan(False))
+    assert runs == [True, True, False] and len(kept.items) == 1
 
 
-def test_the_memo_is_bounded_and_drops_the_oldest():
-    memo = check_memo.CheckMemo(lambda x, n: (n,), kept=3)
+def test_the_plans_are_bounded_and_the_oldest_goes_first(no_cupy):
+    kept = _host.Kept(kept=3)
     x = np.zeros(2)
     for n in range(5):
-        memo((x,), (n,))
-    assert [key[1][0][1] for key in memo.outcomes] == [2, 3, 4]
-    assert check_memo.signature((object(),), ()) is None  # no shape: never kept
-    assert check_memo.signature((x,), ([1],)) is None  # unhashable option: never kept
+        kept.plan(_host.signature((x,), (n,)), lambda n=n: n)
+    assert list(kept.items.values()) == [2, 3, 4]
+    assert _host.signature((object(),), ()) is None  # no shape: never kept
+    assert _host.signature((x,), ([1],)) is None  # unhashable option: never kept
+    assert _host.signature((x,), (True,)) != _host.signature((x,), (1,))  # a bool is not an int
 
 
 def _loop_reference(bt, L, P, ps):
@@ -191,7 +192,7 @@ def _fake_cp(device=0, stream=7):
 
 @pytest.fixture
 def no_buffers(monkeypatch):
-    monkeypatch.setattr(ws, "_buffers", {})
+    monkeypatch.setattr(ws, "_partials", {})
 
 
 @pytest.mark.parametrize("n,size", [(1, 65536), (65536, 65536), (65537, 131072)])
@@ -244,4 +245,5 @@ def test_device_tables_are_checked_by_shape_and_dtype_only():
     # host arrays are not device arrays: their values are checked on every call
     assert not dchk.is_device_array(np.zeros(2, np.int32))
     assert not dchk.is_device_array([1, 2])
-    assert dec._direct_key(_qkv(), (np.zeros(2, np.int32),), ("contiguous",)) is None
+    assert dchk.tables_on_device(False, None, np.zeros(2, np.int32), 2) is False
+    assert dchk.tables_on_device(False, None, None, 2) is True  # no table: nothing to read

@@ -403,7 +403,7 @@ def test_counters_are_zero_after_every_call(cp, version):
     split counts sharing the buffer merge correctly, and a call repeated gives the same bits.
     (Without the reset, the second call's blocks would never see the last count.)"""
     from flashref.gpu import decode_attention, decode_plan, paged_decode_attention
-    from flashref.gpu.decode.counters import counter_buffer
+    from flashref.gpu.decode.buffers import counter_buffer
 
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     # (B, Hq, Hkv, Nq, lengths, num_splits, paged): 1 to 128 splits, 1 to 4 row blocks

@@ -2,7 +2,7 @@
 
 Version 4 is version 3 in one launch (the last split block of each row block merges), so its
 plan and shared memory are version 3's and there is no combine kernel. Its counters
-(``flashref.gpu.decode.counters``) are checked here with a stand-in for CuPy whose arrays are
+(``flashref.gpu.decode.buffers``) are checked here with a stand-in for CuPy whose arrays are
 NumPy's: one zeroed buffer per (device, stream, size class), dropped when a launch raises.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 import flashref.gpu as fg
 from flashref.gpu import decode as dec
-from flashref.gpu.decode import counters as dc
+from flashref.gpu.decode import buffers as dc
 
 
 def test_version_4_is_version_3_in_one_launch():
@@ -61,13 +61,13 @@ def test_version_4_refuses_more_splits_than_its_merge_holds(no_cupy):
 
 @pytest.mark.parametrize("n,size", [(1, 1024), (1024, 1024), (1025, 2048), (5000, 8192)])
 def test_size_class(n, size):
-    assert dc.size_class(n) == size
+    assert dc.counter_size_class(n) == size
 
 
 @pytest.mark.parametrize("n", [0, -3, 2.0, True, None])
 def test_size_class_refuses_a_bad_count(n):
     with pytest.raises(ValueError, match=r"n must be a positive int \(row blocks to count\)"):
-        dc.size_class(n)
+        dc.counter_size_class(n)
 
 
 def _fake_cp(device=0, stream=7):
@@ -87,7 +87,7 @@ def _fake_cp(device=0, stream=7):
 
 @pytest.fixture
 def no_buffers(monkeypatch):
-    monkeypatch.setattr(dc, "_buffers", {})
+    monkeypatch.setattr(dc, "_counters", {})
 
 
 def test_one_zeroed_buffer_per_device_stream_and_class(no_buffers):

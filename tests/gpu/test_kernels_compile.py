@@ -220,9 +220,8 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
     import numpy as np
 
     from flashref.gpu import decode
-    from flashref.gpu.decode import counters as decode_counters
+    from flashref.gpu.decode import buffers as decode_buffers
     from flashref.gpu.decode import launch as decode_launch
-    from flashref.gpu.decode import workspace as decode_workspace
 
     calls = []
 
@@ -252,9 +251,9 @@ def test_decode_launch_passes_each_kernel_its_parameters(version, monkeypatch):
         cuda=cuda,
     )
     monkeypatch.setitem(sys.modules, "flashref.gpu._launch", fake_launch)
-    monkeypatch.setattr(decode_launch, "_functions", functions)
-    monkeypatch.setattr(decode_counters, "_buffers", {})  # never the real (GPU) buffers
-    monkeypatch.setattr(decode_workspace, "_buffers", {})
+    monkeypatch.setattr(decode_launch, "kernels", functions)
+    monkeypatch.setattr(decode_buffers, "_counters", {})  # never the real (GPU) buffers
+    monkeypatch.setattr(decode_buffers, "_partials", {})
 
     text = _decode_text(version)
     split_name, combine_name = (

@@ -8,16 +8,15 @@ its own module:
 * ``versions``: the kernel versions (``VERSIONS``, files under ``flashref/kernels/decode/``),
   the facts about them (``SM90A_VERSIONS``, ``TILE_KEYS``, ``TMA_ROWS``), their launch
   constants and the default (``default_decode_version``);
-* ``checks``: the argument checks, with the messages of the CPU functions; ``check_memo``
-  keeps them per call signature;
+* ``checks``: the argument checks, with the messages of the CPU functions (a call's are
+  made once per call signature: ``api.DecodeCall``, the plan of an eager call);
 * ``plan``: ``PagedDecodePlan``, a paged call checked and planned once, then run (and
   replayed from a CUDA graph) with no host work but the launch;
 * ``cache``: ``DevicePagedKVCache``, the paged cache on the GPU, its appends on the device;
 * ``prefill``: ``paged_prefill_attention``, a chunk of a prompt's queries against its paged
   cache (the chunked prefill);
-* ``launch``: the launch itself; ``workspace`` and ``counters`` the reused buffers of the
-  split partials and of version 4's merge (``stream_buffers``: one per device, stream and
-  size class).
+* ``launch``: the launch itself; ``buffers`` the reused buffers of the split partials and of
+  version 4's merge (one per device, stream and size class).
 """
 
 from __future__ import annotations

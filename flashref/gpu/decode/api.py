@@ -21,8 +21,9 @@ The keys of every sequence are cut into ``num_splits`` chunks of whole 64-key ti
 thread block per (chunk, K/V head, sequence); ``choose_num_splits`` picks the count from the
 shape and the number of SMs, ``decode_plan`` shows the whole launch and
 ``flashref.gpu.decode.launch`` runs it. A decode loop repeats its call's shapes and options
-every token, so the checks of those are kept per call signature
-(``flashref.gpu.decode.check_memo``); ``lengths`` and ``block_table`` are checked on every call.
+every token, so a call is planned once per call signature (``DecodeCall``, kept as the forward's
+and backward's plans are: ``flashref.gpu._host``) and run every call; host ``lengths`` and
+``block_table`` have their values checked on every call.
 
 The kernel versions, their files and launch constants are in ``flashref.gpu.decode.versions``.
 """
@@ -37,7 +38,6 @@ from ..._checks import check_block, check_shapes, group_size
 from ...kvcache import PagedKVCache
 from .. import _host
 from .._runtime import require_gpu
-from .check_memo import CheckMemo
 from .checks import (
     HEAD_DIMS,
     MAX_NQ,
@@ -45,13 +45,12 @@ from .checks import (
     check_block_table,
     check_common,
     check_device,
-    check_device_ints,
     check_kind,
     check_lengths,
     check_page_size,
-    is_device_array,
+    tables_on_device,
 )
-from .launch import DirectDecode, launch
+from .launch import int32s, kernels, launch, split_scalars
 from .versions import (
     BC,
     BLOCKS_PER_SM,
@@ -59,6 +58,9 @@ from .versions import (
     MAX_GRID,
     MAX_SPLITS,
     MIN_TILES_PER_SPLIT,
+    SM90A_VERSIONS,
+    TILE_KEYS,
+    VERSIONS,
     check_splits,
     check_version,
     default_decode_version,
@@ -160,118 +162,9 @@ def decode_plan(
     return DecodePlan(num_splits, tiles, blocks, grid, threads(version), smem, version)
 
 
-_DIRECT = _host.Kept()  # call signature -> DirectDecode (device tables or none)
-
-
-def _direct_key(arrays, tables, scalars):
-    """``_host.signature`` of a call whose tables are on the device (or absent); None where a
-    table is on the host (its values are checked on every call)."""
-    if any(t is not None and not is_device_array(t) for t in tables):
-        return None
-    return _host.signature((*arrays, *tables), scalars)
-
-
-def _run(
-    q,
-    k,
-    v,
-    bt,
-    lengths,
-    names,
-    *,
-    Hkv,
-    page_size,
-    max_pages,
-    Nk,
-    num_splits,
-    lse,
-    version,
-    key=None,
-    **kw,
-):
-    cp = require_gpu()
-    b = _host.backend_of(cp, tuple(zip(("q", *names), (q, k, v), strict=True)))
-    for name, x in (("block_table", bt), ("lengths", lengths)):
-        if x is not None and is_device_array(x) and (b.kind == "torch") != _host.is_torch(x):
-            raise TypeError(
-                f"{name} is a {type(x).__module__.split('.')[0]} array but q is a "
-                f"{b.kind} one; pass device tables of q's kind, or host arrays"
-            )
-        if x is not None and b.kind == "torch" and _host.is_torch(x):
-            _host.check_torch_tensors((("q", q), (name, x)))
-    from .._launch import device_facts
-
-    with _host.device_scope(cp, b.device):
-        cc, name, sms = device_facts()  # asked once per device
-        if version is None:  # this GPU's default (a contiguous cache: bt is None)
-            rows = k.shape[0] * k.shape[1] * k.shape[2]  # (pages or B) x Hkv x slots
-            version = default_decode_version(cc, None if bt is None else page_size, rows)
-        check_device(cc, version, f"this GPU ({name})")
-        B, Hq, Nq, d = q.shape
-        plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, sms, num_splits, version)  # B = 0: none
-        if plan.grid[1] > MAX_GRID or B > MAX_GRID:
-            raise ValueError(
-                f"q {tuple(q.shape)} needs a grid {plan.grid}; at most {MAX_GRID} in y, z"
-            )
-        direct = None
-        if all(x is None or is_device_array(x) for x in (bt, lengths)):
-            call = DirectDecode(
-                cp,
-                b,
-                q,
-                k,
-                bt,
-                lengths,
-                Hkv=Hkv,
-                page_size=page_size,
-                max_pages=max_pages,
-                plan=plan,
-                keep_lse=lse,
-                **kw,
-            )
-            if call.usable:
-                direct = _DIRECT.put(key, call)(q, k, v, bt, lengths)
-    if direct is not None:
-        O, L = direct
-        return (O, L) if lse else O
-    with b.scope():  # the general launch, CuPy operations on the backend's stream and memory
-        qc, kc, vc = b.view(q), b.view(k), b.view(v)
-        bt, lengths = (None if x is None else _int32_on_device(cp, b, x) for x in (bt, lengths))
-        O, L = b.empty((B, Hq, Nq, d), q.dtype), b.empty((B, Hq, Nq), "float32")
-        launch(
-            cp,
-            qc,
-            kc,
-            vc,
-            bt,
-            lengths,
-            Hkv=Hkv,
-            page_size=page_size,
-            max_pages=max_pages,
-            plan=plan,
-            O=b.view(O),
-            lse=b.view(L),
-            fresh=b.kind == "torch",
-            **kw,
-        )
-    return (O, L) if lse else O
-
-
-def _int32_on_device(cp, b, x):
-    """``x`` (checked: a host int32 array, or a device array of integers of q's kind) as a
-    C-contiguous int32 CuPy array, copied or converted only where it must be (on the call's
-    stream: inside the backend's scope)."""
-    if not is_device_array(x):
-        return cp.asarray(x)  # host values, checked: copied up
-    xc = b.view(x)
-    if xc.dtype != cp.int32:
-        xc = xc.astype(cp.int32)
-    return cp.ascontiguousarray(xc)
-
-
 def _contiguous_checks(q, k, v, version, causal, scale, num_splits, return_lse):
     """``decode_attention``'s checks of everything but ``lengths``: (version, causal, scale,
-    num_splits) as the call uses them. Kept per signature (``_CONTIGUOUS_CHECKS``)."""
+    num_splits) as the call uses them."""
     version = check_version(version)
     check_arrays(q, k, v, "k", "v")
     check_shapes(q, k, v)  # the CPU functions' shape rules and messages (GQA included)
@@ -304,9 +197,244 @@ def _paged_checks(q, k_pages, v_pages, version, causal, scale, num_splits, retur
     return version, causal, scale, num_splits
 
 
-# the checks above depend only on the arrays' types, shapes and dtypes and on the options
-_CONTIGUOUS_CHECKS = CheckMemo(_contiguous_checks)
-_PAGED_CHECKS = CheckMemo(_paged_checks)
+_PLANS = _host.Kept()  # call signature -> DecodeCall
+
+
+class DirectDecode(_host.Plan):
+    """A decode call signature ready to launch with the arrays' addresses (``__call__``):
+    the compiled kernels, grid, scalar arguments and shapes made once, so that a call checks
+    that its arrays are contiguous and aligned, allocates ``O``, ``lse`` (and the partials of
+    ``S > 1`` splits) from the backend ``b`` (``flashref.gpu._host``: torch's graph-aware
+    allocator, or CuPy's pool) and launches on the backend's stream.
+
+    ``keep_lse=False`` (the caller returns only ``O``): a call returns ``(O, None)``, its lse
+    written after the partials in their one allocation (with ``S > 1``), one allocation less.
+
+    ``usable`` is False where the general ``launch`` must run every call: a negative scale
+    (q's sign is flipped first), versions 4 and 5 (their arrival counters), tables not int32.
+    """
+
+    def __init__(
+        self,
+        cp,
+        b,
+        q,
+        K,
+        bt,
+        lengths,
+        *,
+        Hkv,
+        page_size,
+        max_pages,
+        causal,
+        scale,
+        plan,
+        keep_lse=True,
+    ):
+        tables = tuple(x for x in (bt, lengths) if x is not None)
+        self.usable = (
+            scale > 0
+            and VERSIONS[plan.version].combine_kernel is not None
+            and all(str(x.dtype).removeprefix("torch.") == "int32" for x in tables)
+        )
+        if not self.usable:
+            return
+        super().__init__(cp, b)
+        B, Hq, Nq, d = q.shape
+        self.plan, self.d = plan, d
+        self.dtype = str(q.dtype).removeprefix("torch.")
+        self.q_dtype = q.dtype
+        self.o_shape, self.lse_shape = (B, Hq, Nq, d), (B, Hq, Nq)
+        self.S, self.rows = plan.num_splits, B * Hq * Nq
+        self.fns = kernels(cp, d, plan.row_tiles, self.dtype, plan.smem_bytes, plan.version)
+        self.consts = split_scalars(Hq, Hkv, Nq, page_size, max_pages, float(scale), bool(causal))
+        self.combine_grid = ((self.rows + 3) // 4, 1, 1)
+        self.grid, self.block = plan.grid, (plan.threads, 1, 1)
+        self.combine_ints = int32s(self.rows, self.S)
+        self.ws_shape = (self.rows * self.S * (d + 1),)
+        self.keep_lse = keep_lse  # False: lse goes in the partials' allocation (S > 1)
+        self.ws_bytes = self.ws_shape[0] * 4
+        self.ws_lse_shape = (self.ws_shape[0] + self.rows,)
+        self.lse_offset = self.rows * self.S * d * 4  # bytes: buffers.views' layout
+        self.tma = plan.version in SM90A_VERSIONS
+        if self.tma:
+            from .._launch import tensor_map_ptr
+
+            self.map_of = tensor_map_ptr  # the cached TMA descriptors (bytes)
+        self.kv_rows = K.shape[0] * K.shape[1] * K.shape[2]
+        self.empty = B == 0
+
+    def __call__(self, q, K, V, bt, lengths):
+        """``(O, lse)`` (``lse`` None unless kept), or None where an array must be copied first
+        (the general route)."""
+        b = self.backend
+        ptrs = self.addresses((q, K, V, bt, lengths), (16, 16, 16, 4, 4))
+        if ptrs is None:
+            return None
+        qp, kp, vp, bt_p, len_p = ptrs  # a table not given: a null pointer
+        O = b.empty(self.o_shape, self.q_dtype)
+        if self.keep_lse or self.S == 1 or self.empty:
+            lse = b.empty(self.lse_shape, "float32")
+            ws = b.empty(self.ws_shape, "float32") if self.S > 1 and not self.empty else None
+            Lp = b.ptr(lse)
+        else:  # lse is not returned: it lives after the partials, in their allocation
+            lse = None
+            ws = b.empty(self.ws_lse_shape, "float32")
+            Lp = b.ptr(ws) + self.ws_bytes
+        if self.empty:
+            return O, lse
+        Op = b.ptr(O)
+        if self.S > 1:
+            Opart = b.ptr(ws)
+            Lpart = Opart + self.lse_offset
+        else:
+            Opart, Lpart = Op, Lp
+        self.launch_at(qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, b.stream_ptr())
+        return O, lse
+
+    def launch_at(self, qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, stream) -> None:
+        """The kernels on the arrays at these addresses (checked by the caller), on the stream
+        of handle ``stream``: ``Opart``, ``Lpart`` the partials of ``S > 1`` splits (with
+        ``S == 1``, ``Op`` and ``Lp`` themselves). What ``flashref.gpu.decode.plan`` replays."""
+        split_fn, combine_fn = self.fns
+        maps = ()
+        if self.tma:  # K and V as (rows, d), boxes of TILE_KEYS rows
+            map_of, n, d, dt, dev = self.map_of, self.kv_rows, self.d, self.dtype, self.device
+            maps = (map_of(kp, n, d, dt, TILE_KEYS, dev), map_of(vp, n, d, dt, TILE_KEYS, dev))
+        split_args = (qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, *self.consts, *maps)
+        combine_args = (Opart, Lpart, Op, Lp, *self.combine_ints)
+        with self.on_device():  # the kernels are this device's
+            self.launch(split_fn, self.grid, self.block, self.plan.smem_bytes, stream, split_args)
+            if self.S > 1:
+                self.launch(combine_fn, self.combine_grid, (128, 1, 1), 0, stream, combine_args)
+
+
+class DecodeCall(_host.Plan):
+    """A decode call signature, checked and planned once (``_PLANS``, keyed by
+    ``_host.signature`` of the arrays, the tables and the options). Made in two halves: the
+    checks, which need no GPU (the options, the version asked for, where the tables are),
+    and at the first run the GPU's (``prepare``: the backend, the device's facts and
+    default version; with device tables or none, the launch itself, ``DirectDecode``:
+    kernels, grid, scalar arguments). ``run`` checks only the values of host tables, then
+    launches."""
+
+    def __init__(self, paged: bool, arrays, tables, options):
+        q, k, v = arrays
+        bt, lengths = tables
+        causal, scale, num_splits, return_lse, version = options
+        check = _paged_checks if paged else _contiguous_checks
+        version, causal, scale, num_splits = check(
+            q, k, v, version, causal, scale, num_splits, return_lse
+        )
+        B, Hq, Nq, d = q.shape
+        self.device_tables = tables_on_device(paged, bt, lengths, B)
+        self.paged, self.version, self.return_lse = paged, version, return_lse
+        self.shape, self.num_splits = (B, Hq, Nq, d), num_splits
+        self.pool = tuple(k.shape)  # (pages, Hkv, page_size, d): a contiguous cache, B x Nk
+        self.kw = {"Hkv": k.shape[1], "page_size": k.shape[2], "causal": causal, "scale": scale}
+        self.backend = self.direct = self.plan = None  # the GPU's half: prepare
+
+    def prepare(self, q, k, v, bt, lengths) -> None:
+        """The GPU's half of the plan, made at the first run (after the checks)."""
+        names = ("k_pages", "v_pages") if self.paged else ("k", "v")
+        cp = require_gpu()
+        b = _host.backend_of(cp, (("q", q), (names[0], k), (names[1], v)))
+        if self.device_tables:
+            _host.check_tables(b, q, (("block_table", bt), ("lengths", lengths)))
+        from .._launch import device_facts
+
+        with _host.device_scope(cp, b.device):  # the kernels are compiled for b's device
+            cc, name, sms = device_facts()  # asked once per device
+            P, Hkv, ps, _ = self.pool
+            version = self.version
+            if version is None:  # this GPU's default
+                version = default_decode_version(cc, ps if self.paged else None, P * Hkv * ps)
+                if self.paged:
+                    check_page_size(ps, P * Hkv * ps, version, f"k_pages {self.pool}")
+            check_device(cc, version, f"this GPU ({name})")
+            self.version, self.sms = version, sms
+            if self.device_tables:
+                max_pages = bt.shape[1] if self.paged else 1
+                plan = self.decode_plan(max_pages * ps)  # the table's capacity
+                direct = DirectDecode(
+                    cp,
+                    b,
+                    q,
+                    k,
+                    bt,
+                    lengths,
+                    max_pages=max_pages,
+                    plan=plan,
+                    keep_lse=self.return_lse,
+                    **self.kw,
+                )
+                self.plan, self.direct = plan, direct if direct.usable else None
+        super().__init__(cp, b)  # last: a plan with a backend is ready
+
+    def decode_plan(self, Nk: int) -> DecodePlan:
+        """The ``DecodePlan`` of ``Nk`` keys (the split count's), checked against the grid."""
+        B, Hq, Nq, d = self.shape
+        Hkv, S = self.kw["Hkv"], self.num_splits
+        plan = decode_plan(max(B, 1), Hq, Hkv, Nq, Nk, d, self.sms, S, self.version)
+        if plan.grid[1] > MAX_GRID or B > MAX_GRID:
+            raise ValueError(f"q {self.shape} needs a grid {plan.grid}; at most {MAX_GRID} in y, z")
+        return plan
+
+    def run(self, q, k, v, bt, lengths):
+        """``(O, lse)`` of this signature's arrays (``lse`` None where it is not returned and
+        lives in the partials' allocation)."""
+        if self.direct is not None:
+            out = self.direct(q, k, v, bt, lengths)
+            if out is not None:
+                return out
+        Nk, ps = None, self.kw["page_size"]
+        if not self.device_tables:  # host tables: every value checked, every call
+            B = self.shape[0]
+            if self.paged:
+                bt, lengths = check_block_table(bt, lengths, B, self.pool[0], ps)
+                Nk = int(lengths.max()) if B else 0
+            else:
+                lengths, Nk = check_lengths(lengths, B, ps, f"k has Nk = {ps} keys"), ps
+        if self.backend is None:
+            self.prepare(q, k, v, bt, lengths)
+            if self.direct is not None:
+                out = self.direct(q, k, v, bt, lengths)
+                if out is not None:
+                    return out
+        plan = self.plan if Nk is None else self.decode_plan(Nk)
+        b, cp = self.backend, self.cp
+        with b.scope():  # the general launch, CuPy operations on the backend's stream and memory
+            qc, kc, vc = b.view(q), b.view(k), b.view(v)
+            tables = []
+            for x in (bt, lengths):
+                if x is not None:
+                    x = b.view(x) if self.device_tables else cp.asarray(x)  # host: copied up
+                    if x.dtype != cp.int32:
+                        x = x.astype(cp.int32)
+                    x = cp.ascontiguousarray(x)
+                tables.append(x)
+            O, L = b.empty(self.shape, q.dtype), b.empty(self.shape[:3], "float32")
+            launch(
+                cp,
+                qc,
+                kc,
+                vc,
+                *tables,
+                max_pages=1 if bt is None else bt.shape[1],
+                plan=plan,
+                O=b.view(O),
+                lse=b.view(L),
+                fresh=b.kind == "torch",
+                **self.kw,
+            )
+        return O, L
+
+
+def _call(paged: bool, arrays, tables, options):
+    key = _host.signature((*arrays, *tables), (paged, *options))
+    call = _PLANS.plan(key, lambda: DecodeCall(paged, arrays, tables, options))
+    O, lse = call.run(*arrays, *tables)
+    return (O, lse) if options[3] else O
 
 
 def decode_attention(
@@ -339,42 +467,8 @@ def decode_attention(
 
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
-    options = ("contiguous", causal, scale, num_splits, return_lse, version)
-    key = _direct_key((q, k, v), (lengths,), options)
-    call = _DIRECT.get(key) if key is not None else None
-    if call is not None:  # this signature was checked and planned: launch
-        out = call(q, k, v, None, lengths)
-        if out is not None:
-            return out if return_lse else out[0]
-    version, causal, scale, num_splits = _CONTIGUOUS_CHECKS(
-        (q, k, v), (version, causal, scale, num_splits, return_lse)
-    )
-    B, Nk = q.shape[0], k.shape[2]
-    if lengths is None:
-        L = None
-    elif is_device_array(lengths):  # stays on the device: shape and dtype checked, values not read
-        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
-        L = lengths
-    else:
-        L = check_lengths(lengths, B, Nk, f"k has Nk = {Nk} keys")
-    return _run(
-        q,
-        k,
-        v,
-        None,
-        L,
-        ("k", "v"),
-        Hkv=k.shape[1],
-        page_size=Nk,
-        max_pages=1,
-        Nk=Nk,
-        causal=causal,
-        scale=scale,
-        num_splits=num_splits,
-        lse=return_lse,
-        version=version,
-        key=key,
-    )
+    options = (causal, scale, num_splits, return_lse, version)
+    return _call(False, (q, k, v), (None, lengths), options)
 
 
 def paged_decode_attention(
@@ -410,51 +504,8 @@ def paged_decode_attention(
     the split count is planned for the table's capacity (``max_pages * page_size`` keys).
     Given as host arrays, every value is checked and the tables are copied to the device.
     """
-    options = ("paged", causal, scale, num_splits, return_lse, version)
-    key = _direct_key((q, k_pages, v_pages), (block_table, lengths), options)
-    call = _DIRECT.get(key) if key is not None else None
-    if call is not None:  # this signature was checked and planned: launch
-        out = call(q, k_pages, v_pages, block_table, lengths)
-        if out is not None:
-            return out if return_lse else out[0]
-    version, causal, scale, num_splits = _PAGED_CHECKS(
-        (q, k_pages, v_pages), (version, causal, scale, num_splits, return_lse)
-    )
-    (B, *_), (P, Hkv, ps, _) = q.shape, k_pages.shape
-    on_device = is_device_array(block_table), is_device_array(lengths)
-    if any(on_device):  # read where they are: shapes and dtypes checked, values not read
-        for ok, name in zip(on_device, ("block_table", "lengths"), strict=True):
-            if not ok:
-                raise TypeError(
-                    f"{name} is a host array but the other table is on the device; give "
-                    "block_table and lengths both on the device (read there) or both on "
-                    "the host (every value checked)"
-                )
-        check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
-        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
-        bt, L = block_table, lengths
-        Nk_max = bt.shape[1] * ps  # the most keys the table can hold: the split count's Nk
-    else:
-        bt, L = check_block_table(block_table, lengths, B, P, ps)
-        Nk_max = int(L.max()) if B else 0
-    return _run(
-        q,
-        k_pages,
-        v_pages,
-        bt,
-        L,
-        ("k_pages", "v_pages"),
-        Hkv=Hkv,
-        page_size=ps,
-        max_pages=bt.shape[1],
-        Nk=Nk_max,
-        causal=causal,
-        scale=scale,
-        num_splits=num_splits,
-        lse=return_lse,
-        version=version,
-        key=key,
-    )
+    options = (causal, scale, num_splits, return_lse, version)
+    return _call(True, (q, k_pages, v_pages), (block_table, lengths), options)
 
 
 def cache_decode_attention(q, cache, seqs, **kwargs):

@@ -150,7 +150,9 @@ class DevicePagedKVCache:
         self._step_rows = ints((B,), 0)
         self._slots = ints((self.max_step_tokens,), -1)
         self._overflow = ints((1,), 0)
-        self._device = self._b.device if self._b.device is not None else cp.cuda.runtime.getDevice()
+        self._plan = _host.Plan(cp, self._b)  # the appends' launches: one plan per cache
+        self._fns = None  # the kernels by name, compiled at the first launch
+        self._device = self._plan.device
         self._rows: dict[int, int] = {}  # seq -> its row of the table
         self._free_rows = list(range(B))
         self._layout = None  # (rows, n) of the last prepared step
@@ -320,13 +322,11 @@ class DevicePagedKVCache:
         self._launch("paged_append", (len(rows) * n, 1, 1), (threads, 1, 1), args)
 
     def _launch(self, name, grid, block, args) -> None:
-        cp = self._cp
-        with _host.device_scope(cp, self._device):
-            fn = _function(cp, name, cp.cuda.runtime.getDevice())
-            launcher = _launchers.get((name, fn))
-            if launcher is None:
-                launcher = _launchers[(name, fn)] = _host.launcher(fn, args)
-            launcher(grid, block, 0, self._b.stream_ptr(), args)
+        plan = self._plan
+        with plan.on_device():
+            if self._fns is None:
+                self._fns = _kernels(self._cp)
+            plan.launch(self._fns[name], grid, block, 0, self._b.stream_ptr(), args)
 
     # -- reading it ------------------------------------------------------------------------
 
@@ -376,23 +376,17 @@ class DevicePagedKVCache:
         return tuple(out)
 
 
-_launchers: dict = {}
+KERNELS = ("paged_slots", "paged_append")
 
 
-@functools.lru_cache(maxsize=16)
-def _function(cp, name: str, device: int):
-    """The kernel ``name`` of ``paged_cache.cu``, compiled once per device."""
-    return _module(cp, device).get_function(name)
+def _kernels(cp) -> dict:
+    """The kernels of ``paged_cache.cu`` by name, compiled once per device."""
+    from .._launch import compiled
+
+    return dict(zip(KERNELS, compiled(("paged cache",), source, (), KERNELS), strict=True))
 
 
 def source() -> str:
     """The text of ``paged_cache.cu`` (it includes nothing), as NVRTC is given it."""
 
     return (KERNEL_DIR / "decode" / "paged_cache.cu").read_text()
-
-
-@functools.lru_cache(maxsize=8)
-def _module(cp, device: int):
-    from .._launch import NVRTC_OPTIONS
-
-    return cp.RawModule(code=source(), options=NVRTC_OPTIONS)

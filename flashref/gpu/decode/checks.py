@@ -103,6 +103,34 @@ def check_device_ints(x, name: str, shape: tuple, want: str) -> None:
         raise ValueError(f"{name} has shape {got}; expected {want}")
 
 
+def tables_on_device(paged: bool, bt, lengths, B: int) -> bool:
+    """Where a call's tables are, decided once for its signature: True for device arrays
+    (read by the kernels where they are: their shapes and dtypes checked here, their values
+    never read on the host) or no table at all, False for host arrays (every value checked
+    on every call, ``flashref.gpu.decode.api.DecodeCall.run``). A paged call gives both
+    tables in one place."""
+    if not paged:
+        if lengths is None:
+            return True
+        if not is_device_array(lengths):
+            return False
+        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
+        return True
+    on_device = is_device_array(bt), is_device_array(lengths)
+    if not any(on_device):
+        return False
+    for ok, name in zip(on_device, ("block_table", "lengths"), strict=True):
+        if not ok:
+            raise TypeError(
+                f"{name} is a host array but the other table is on the device; give "
+                "block_table and lengths both on the device (read there) or both on "
+                "the host (every value checked)"
+            )
+    check_device_ints(bt, "block_table", (B, None), f"({B}, max_pages)")
+    check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
+    return True
+
+
 def check_lengths(lengths, B: int, limit: int, what: str) -> np.ndarray:
     L = host_ints(lengths, "lengths", 1)
     if L.shape != (B,):

@@ -21,11 +21,8 @@ buffer, written by every run: use it before the next run, or give ``out=``.
 from __future__ import annotations
 
 from .. import _host
-from .._runtime import require_gpu
-from .api import _PAGED_CHECKS, decode_plan
-from .checks import check_device, check_device_ints, is_device_array
-from .launch import DirectDecode
-from .versions import default_decode_version
+from .api import DecodeCall
+from .checks import is_device_array
 
 
 class PagedDecodePlan:
@@ -57,11 +54,6 @@ class PagedDecodePlan:
         num_splits=None,
         version=None,
     ):
-        from .._launch import device_facts
-
-        version, causal, scale, num_splits = _PAGED_CHECKS(
-            (q, k_pages, v_pages), (version, causal, scale, num_splits, False)
-        )
         for name, x in (("block_table", block_table), ("lengths", lengths)):
             if not is_device_array(x):
                 raise TypeError(
@@ -69,58 +61,29 @@ class PagedDecodePlan:
                     "reads the tables where they are at every run; for host tables call "
                     "paged_decode_attention"
                 )
-        (B, Hq, Nq, d), (P, Hkv, ps, _) = tuple(q.shape), tuple(k_pages.shape)
-        check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
-        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
-        cp = require_gpu()
-        names = (
-            ("q", q),
-            ("k_pages", k_pages),
-            ("v_pages", v_pages),
-            ("block_table", block_table),
-            ("lengths", lengths),
-        )
-        b = self._b = _host.backend_of(cp, names)
-        for name, x in names[3:]:
+        arrays, tables = (q, k_pages, v_pages), (block_table, lengths)
+        call = DecodeCall(True, arrays, tables, (causal, scale, num_splits, False, version))
+        call.prepare(*arrays, *tables)
+        b = self._b = call.backend
+        for name, x in zip(("block_table", "lengths"), tables, strict=True):
             if str(x.dtype).removeprefix("torch.") != "int32":
                 raise TypeError(f"{name} has dtype {x.dtype}; a plan takes int32 tables")
             if not b.contiguous(x):
                 raise ValueError(f"{name} must be C-contiguous")
-        max_pages = block_table.shape[1]
-        with _host.device_scope(cp, b.device):
-            cc, gpu, sms = device_facts()
-            if version is None:
-                version = default_decode_version(cc, ps, P * Hkv * ps)
-
-            check_device(cc, version, f"this GPU ({gpu})")
-            self.decode = decode_plan(
-                max(B, 1), Hq, Hkv, Nq, max_pages * ps, d, sms, num_splits, version
+        if call.direct is None:  # the versions whose launch counts arrivals (4, 5)
+            raise ValueError(
+                f"decode version {call.version} cannot be planned (its split blocks count "
+                "arrivals in a buffer of the call); use a version with a combine kernel"
             )
-            self._call = DirectDecode(
-                cp,
-                b,
-                q,
-                k_pages,
-                block_table,
-                lengths,
-                Hkv=Hkv,
-                page_size=ps,
-                max_pages=max_pages,
-                causal=causal,
-                scale=scale,
-                plan=self.decode,
-            )
-            if not self._call.usable:  # the versions whose launch counts arrivals (4, 5)
-                raise ValueError(
-                    f"decode version {version} cannot be planned (its split blocks count "
-                    "arrivals in a buffer of the call); use a version with a combine kernel"
-                )
+        self._call, self.decode = call.direct, call.plan
+        B, Hq, Nq, d = call.shape
+        with call.on_device():
             self.out = b.empty((B, Hq, Nq, d), q.dtype)
             self.lse = b.empty((B, Hq, Nq), "float32")
             S = self.decode.num_splits
             self._ws = b.empty((B * Hq * Nq * S * (d + 1),), "float32") if S > 1 else None
-        self._tables = (block_table, lengths)  # kept alive: the kernels read them
-        self._key = _host.signature((q, k_pages, v_pages), ())
+        self._tables = tables  # kept alive: the kernels read them
+        self._key = _host.signature(arrays, ())
         self._ptrs = (b.ptr(block_table), b.ptr(lengths), b.ptr(self.lse))
         self.empty = B == 0
 
@@ -137,11 +100,12 @@ class PagedDecodePlan:
             _host.signature((out,), ()) != _host.signature((self.out,), ()) or not b.contiguous(out)
         ):
             raise ValueError("out must be a C-contiguous array like plan.out")
-        if not (b.contiguous(q) and b.contiguous(k_pages) and b.contiguous(v_pages)):
-            raise ValueError("q, k_pages and v_pages must be C-contiguous")
-        qp, kp, vp = b.ptr(q), b.ptr(k_pages), b.ptr(v_pages)
-        if (qp | kp | vp) & 15:
-            raise ValueError("q, k_pages and v_pages must start at 16-byte aligned addresses")
+        ptrs = self._call.addresses((q, k_pages, v_pages))
+        if ptrs is None:
+            raise ValueError(
+                "q, k_pages and v_pages must be C-contiguous and start at 16-byte aligned addresses"
+            )
+        qp, kp, vp = ptrs
         O = self.out if out is None else out
         if self.empty:
             return O
@@ -152,5 +116,5 @@ class PagedDecodePlan:
         else:
             Opart = b.ptr(self._ws)
             Lpart = Opart + self._call.lse_offset
-        self._call.launch(qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, b.stream_ptr())
+        self._call.launch_at(qp, kp, vp, bt_p, len_p, Op, Lp, Opart, Lpart, b.stream_ptr())
         return O

@@ -27,8 +27,6 @@ default) takes as many as fill the SMs once: ``SMs // (query blocks x B x Hq)``,
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..._checks import causal_bottom_right, check_flag, check_scale, group_size
@@ -40,8 +38,7 @@ from .checks import (
     HEAD_DIMS,
     check_arrays,
     check_block_table,
-    check_device_ints,
-    is_device_array,
+    tables_on_device,
 )
 
 BR, BC, STAGES, THREADS = 128, 128, 3, 384  # version 29's tiles, ring and block
@@ -130,58 +127,85 @@ def paged_prefill_attention(
     Returns ``O (B, Hq, Nq, d)`` in q's dtype, or ``(O, lse)``; torch tensors if q is one.
     """
 
-    causal, scale, dtype = _checks(q, k_pages, v_pages, causal, scale, return_lse, splits)
-    B, Hq, Nq, d = (int(x) for x in q.shape)
-    P, Hkv, ps, _ = (int(x) for x in k_pages.shape)
-    on_device = is_device_array(block_table), is_device_array(lengths)
-    if any(on_device):
-        for ok, name in zip(on_device, ("block_table", "lengths"), strict=True):
-            if not ok:
-                raise TypeError(
-                    f"{name} is a host array but the other table is on the device; give both "
-                    "on the device (read there) or both on the host (every value checked)"
-                )
-        check_device_ints(block_table, "block_table", (B, None), f"({B}, max_pages)")
-        check_device_ints(lengths, "lengths", (B,), f"({B},), one per sequence of q")
-        for name, x in (("block_table", block_table), ("lengths", lengths)):
-            if str(x.dtype).removeprefix("torch.") != "int32":
-                raise TypeError(f"{name} has dtype {x.dtype}; device tables must be int32")
-        bt, L = block_table, lengths
-        longest = int(bt.shape[1]) * ps  # the most the table can hold: lengths stay unread
-    else:
-        bt, L = check_block_table(block_table, lengths, B, P, ps)
-        longest = int(L.max()) if B else 0
-        if B and int(L.min()) < Nq:
-            b = int(np.argmin(L))
-            raise ValueError(
-                f"lengths[{b}] is {int(L[b])} but q has Nq = {Nq} queries per sequence: "
-                "append the chunk's keys and values before its queries attend (lengths >= Nq)"
-            )
-    cp = require_gpu()
-    from .._launch import device_facts  # imports CuPy: after the checks and require_gpu
+    arrays, tables = (q, k_pages, v_pages), (block_table, lengths)
+    key = _host.signature((*arrays, *tables), (causal, scale, return_lse, splits))
+    call = _PLANS.plan(
+        key, lambda: PrefillCall(*arrays, *tables, causal, scale, return_lse, splits)
+    )
+    O, lse = call.run(*arrays, *tables)
+    return (O, lse) if return_lse else O
 
-    names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages))
-    b = _host.backend_of(cp, names)
-    with _host.device_scope(cp, b.device):
-        cc, gpu, sms = device_facts()
-        if tuple(cc) != (9, 0):
-            raise RuntimeError(
-                f"paged_prefill_attention runs version 29's loop, built for sm_90a (wgmma, "
-                f"TMA): compute capability 9.0 exactly; this GPU ({gpu}) has {cc[0]}.{cc[1]}"
-            )
-        with b.scope():
+
+_PLANS = _host.Kept()  # call signature -> PrefillCall
+
+
+class PrefillCall(_host.Plan):
+    """A ``paged_prefill_attention`` call signature, checked once (``_PLANS``): the checks
+    that need no GPU when made, the GPU's half (backend, device, compiled kernels) at the
+    first run. ``run`` checks host tables' values on every call, then launches."""
+
+    def __init__(self, q, k_pages, v_pages, block_table, lengths, causal, scale, lse, splits):
+        self.causal, self.scale, self.dtype = _checks(
+            q, k_pages, v_pages, causal, scale, lse, splits
+        )
+        self.shape, self.pool = tuple(int(x) for x in q.shape), tuple(int(x) for x in k_pages.shape)
+        B = self.shape[0]
+        self.device_tables = tables_on_device(True, block_table, lengths, B)
+        if self.device_tables:
+            for name, x in (("block_table", block_table), ("lengths", lengths)):
+                if str(x.dtype).removeprefix("torch.") != "int32":
+                    raise TypeError(f"{name} has dtype {x.dtype}; device tables must be int32")
+        self.splits, self.backend = splits, None
+
+    def prepare(self, q, k_pages, v_pages, block_table, lengths) -> None:
+        """The GPU's half, at the first run: backend, device, compiled kernels."""
+        cp = require_gpu()
+        from .._launch import device_facts  # imports CuPy: after the checks and require_gpu
+
+        names = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages))
+        b = _host.backend_of(cp, names)
+        if self.device_tables:
+            _host.check_tables(b, q, (("block_table", block_table), ("lengths", lengths)))
+        with _host.device_scope(cp, b.device):  # the kernels are compiled for b's device
+            cc, gpu, self.sms = device_facts()
+            if tuple(cc) != (9, 0):
+                raise RuntimeError(
+                    f"paged_prefill_attention runs version 29's loop, built for sm_90a (wgmma, "
+                    f"TMA): compute capability 9.0 exactly; this GPU ({gpu}) has {cc[0]}.{cc[1]}"
+                )
+            self.fns = _function(cp, self.shape[3], self.dtype)
+        super().__init__(cp, b)  # last: a plan with a backend is ready
+
+    def run(self, q, k_pages, v_pages, bt, L):
+        """``(O, lse)`` of this signature's arrays."""
+        (B, Hq, Nq, d), (P, Hkv, ps, _) = self.shape, self.pool
+        if self.device_tables:
+            longest = int(bt.shape[1]) * ps  # the most the table can hold: lengths stay unread
+        else:
+            bt, L = check_block_table(bt, L, B, P, ps)
+            longest = int(L.max()) if B else 0
+            if B and int(L.min()) < Nq:
+                b = int(np.argmin(L))
+                raise ValueError(
+                    f"lengths[{b}] is {int(L[b])} but q has Nq = {Nq} queries per sequence: "
+                    "append the chunk's keys and values before its queries attend (lengths >= Nq)"
+                )
+        if self.backend is None:
+            self.prepare(q, k_pages, v_pages, bt, L)
+        cp, b, scale, dtype = self.cp, self.backend, self.scale, self.dtype
+        with self.on_device(), b.scope():
             qc, kc, vc = (cp.ascontiguousarray(b.view(x)) for x in (q, k_pages, v_pages))
             if scale < 0:  # the kernel takes the row max of raw scores: flip q's sign instead
                 qc, scale = -qc, -scale
-            if not is_device_array(bt):
+            if not self.device_tables:
                 bt, L = cp.asarray(bt), cp.asarray(L.astype(np.int32))
             btc, Lc = cp.ascontiguousarray(b.view(bt)), cp.ascontiguousarray(b.view(L))
             O = b.empty((B, Hq, Nq, d), q.dtype)
             lse = b.empty((B, Hq, Nq), "float32")
             if B == 0:
-                return (O, lse) if return_lse else O
+                return O, lse
             BH, Tr = B * Hq, -(-Nq // BR)
-            S = splits or default_splits(Tr * BH, -(-longest // BC), sms)
+            S = self.splits or default_splits(Tr * BH, -(-longest // BC), self.sms)
             rows = P * Hkv * ps
             if S > 1:  # each split's O / l and lse, merged by the second kernel
                 O_part = b.empty((BH * Nq, S, d), "float32")
@@ -191,7 +215,7 @@ def paged_prefill_attention(
                 parts = (0, 0)
             from .._launch import tensor_map_ptr
 
-            dev = cp.cuda.runtime.getDevice()
+            dev = self.device
             qmap = tensor_map_ptr(qc.data.ptr, BH * Nq, d, dtype, 64, dev)
             kmap = tensor_map_ptr(kc.data.ptr, rows, d, dtype, 64, dev)
             vmap = tensor_map_ptr(vc.data.ptr, rows, d, dtype, 64, dev)
@@ -204,7 +228,7 @@ def paged_prefill_attention(
                 np.int32(Nq),
                 np.int32(bt.shape[1] * ps),
                 np.float32(scale),
-                np.int32(bool(causal)),
+                np.int32(bool(self.causal)),
                 qmap,
                 kmap,
                 vmap,
@@ -217,23 +241,14 @@ def paged_prefill_attention(
                 np.int32(S),
                 *parts,
             )
-            fn, combine = _function(cp, d, dtype, dev)
-            launcher = _LAUNCHERS.get(fn)
-            if launcher is None:
-                launcher = _LAUNCHERS[fn] = _host.launcher(fn, args)
-            grid = (min(Tr * BH * S, sms), 1, 1)
+            fn, combine = self.fns
             stream = b.stream_ptr()
-            launcher(grid, (THREADS, 1, 1), smem_bytes(d), stream, args)
+            grid = (min(Tr * BH * S, self.sms), 1, 1)
+            self.launch(fn, grid, (THREADS, 1, 1), smem_bytes(d), stream, args)
             if S > 1:
                 cargs = (*parts, b.ptr(O), b.ptr(lse), np.int32(BH * Nq), np.int32(S))
-                merge = _LAUNCHERS.get(combine)
-                if merge is None:
-                    merge = _LAUNCHERS[combine] = _host.launcher(combine, cargs)
-                merge((-(-BH * Nq // 4), 1, 1), (128, 1, 1), 0, stream, cargs)
-    return (O, lse) if return_lse else O
-
-
-_LAUNCHERS: dict = {}
+                self.launch(combine, (-(-BH * Nq // 4), 1, 1), (128, 1, 1), 0, stream, cargs)
+        return O, lse
 
 
 def source() -> str:
@@ -246,13 +261,10 @@ def defines(d: int, dtype: str) -> tuple[str, ...]:
     return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
 
 
-@functools.lru_cache(maxsize=16)
-def _function(cp, d: int, dtype: str, device: int):
-    """The compiled kernel and its combine kernel for (d, dtype) on ``device``."""
-    from .._launch import NVRTC_OPTIONS
+def _function(cp, d: int, dtype: str):
+    """The compiled kernel and its combine kernel for (d, dtype) on the current device."""
+    from .._launch import compiled
 
-    opts = (*NVRTC_OPTIONS, "-arch=sm_90a", *defines(d, dtype))
-    module = cp.RawModule(code=source(), options=opts)
-    fn = module.get_function(KERNEL)
-    fn.max_dynamic_shared_size_bytes = smem_bytes(d)
-    return fn, module.get_function(COMBINE)
+    names = (KERNEL, COMBINE)
+    options = ("-arch=sm_90a", *defines(d, dtype))
+    return compiled(("prefill", d, dtype), source, options, names, {KERNEL: smem_bytes(d)})

@@ -9,7 +9,7 @@ kernel with a combine kernel built for latency (every split's lse loaded at once
 16-byte loads of O in flight together). All use the same grid, split rule and partial layout;
 versions 2 to 4 the same shared memory. Version 4 (``v04_last_block_merge.cu``) is version 3
 in one launch: the last split block of each row block to finish (a counter per row block,
-``flashref.gpu.decode.counters``) merges the partials with version 3's merge, so there is no
+``flashref.gpu.decode.buffers``) merges the partials with version 3's merge, so there is no
 combine kernel (``None`` in ``VERSIONS``); and each warp asks for its next sub-tile before
 waiting for the current one, so its whole ring of copies is in flight while it waits.
 Version 5 (``v05_tma_producer.cu``, sm_90a only) is version 4 with the copies made by TMA:
