@@ -87,8 +87,10 @@ def launcher(kernel, args):
 
 
 class Kept:
-    """What a call signature needs, made once (checked plans), at most ``kept`` of them: the
-    oldest is dropped first. A key of None is never kept."""
+    r"""What a call signature needs, made once (checked plans), at most ``kept`` of them: the
+    oldest is dropped first. A key of None is never kept. An entry point reads
+    ``get(key)`` and, on a miss, ``put``\ s the plan it makes (a plan that raised is not
+    kept)."""
 
     def __init__(self, kept: int = 256):
         self.kept, self.items = kept, {}
@@ -103,11 +105,6 @@ class Kept:
             self.items[key] = value
         return value
 
-    def plan(self, key, make):
-        """The plan kept for ``key``, or ``make()``'s, kept (a plan that raised is not)."""
-        found = self.get(key)
-        return found if found is not None else self.put(key, make())
-
 
 class Plan:
     """What every plan of a call signature shares: the backend of its arrays (``CuPy`` or
@@ -116,40 +113,52 @@ class Plan:
     within a signature). The forward's, the backward's, decode's, the paged prefill's and
     the device cache's plans are made on it."""
 
-    def __init__(self, cp, backend):
+    def __init__(self, cp, backend, device: int | None = None):
         self.cp, self.backend = cp, backend
-        self.device = backend.device if backend.device is not None else cp.cuda.runtime.getDevice()
+        # the device made current around the launches: a torch plan's tensors' device, or
+        # ``device``; None for a CuPy call's plan, which runs on CuPy's current device (its
+        # signature holds that device)
+        self.pinned = backend.device if device is None else device
+        self.device = self.pinned if self.pinned is not None else cp.cuda.runtime.getDevice()
         self.launchers: dict = {}
 
     def on_device(self):
-        """The plan's device made current around its launches, where it is not already."""
-        return device_scope(self.cp, self.device)
+        """The plan's device made current around its launches, where it is pinned to one."""
+        return _UNCHANGED if self.pinned is None else device_scope(self.cp, self.pinned)
 
     def addresses(self, arrays, align=16):
         """The arrays' addresses where each is C-contiguous and aligned as the kernels' loads
         need (``align`` bytes for all, or one alignment per array), else None: the caller
         copies them first (its general route). An array given as None has address 0 (a null
         pointer: a table the call does not have)."""
-        b, ptrs = self.backend, []
-        for i, x in enumerate(arrays):
-            if x is None:
-                ptrs.append(0)
-                continue
-            if not b.contiguous(x):
+        b = self.backend
+        contiguous = b.contiguous
+        for x in arrays:
+            if x is not None and not contiguous(x):
                 return None
-            p = b.ptr(x)
-            if p % (align if type(align) is int else align[i]):
-                return None
-            ptrs.append(p)
+        ptr = b.ptr
+        ptrs = [0 if x is None else ptr(x) for x in arrays]
+        if type(align) is int:
+            for p in ptrs:
+                if p % align:
+                    return None
+        else:
+            for p, a in zip(ptrs, align, strict=True):
+                if p % a:
+                    return None
         return ptrs
 
     def launch(self, fn, grid, block, smem: int, stream: int, args) -> None:
         """``fn`` on ``grid`` x ``block`` with ``smem`` bytes of dynamic shared memory, on the
         stream of handle ``stream`` (inside ``on_device``)."""
-        run = self.launchers.get(fn)
-        if run is None:
+        try:
+            run = self.launchers[fn]
+        except KeyError:
             run = self.launchers[fn] = launcher(fn, args)
         run(grid, block, smem, stream, args)
+
+
+_UNCHANGED = contextlib.nullcontext()  # reusable: it holds nothing
 
 
 def _bfloat16():

@@ -257,7 +257,10 @@ def backward_plan(arrays, causal=False, scale=None, version=None) -> _BwdPlan:
     adapter asks for it in the forward (``do`` is shaped like ``o``), so that its backward,
     which runs on the autograd engine's thread, only launches."""
     key = _host.signature(arrays, (causal, scale, version))
-    return _PLANS.plan(key, lambda: _BwdPlan(arrays, causal, scale, version))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _BwdPlan(arrays, causal, scale, version))
+    return plan
 
 
 _NAMES = ("q", "k", "v", "o", "lse", "do")

@@ -123,7 +123,10 @@ def forward_plan(q, k, v, causal=False, scale=None, version=None, return_lse=Fal
     """The checked plan of this call signature (``_host.signature``): made (every check)
     once, then looked up."""
     key = _host.signature((q, k, v), (causal, scale, version, return_lse))
-    return _PLANS.plan(key, lambda: _Plan(q, k, v, causal, scale, version, return_lse))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _Plan(q, k, v, causal, scale, version, return_lse))
+    return plan
 
 
 class _Plan(_host.Plan):

@@ -114,31 +114,23 @@ def test_bad_input_after_good_input_still_raises(counted, kw, error, match):
     _call(_qkv(), **good)
 
 
-def test_a_plan_that_raised_is_not_kept(no_cupy):
-    runs = []
-
-    def plan(flag):
-        runs.append(flag)
-        if flag:
-            raise ValueError("flag is set")
-        return ("ok",)
-
-    kept = _host.Kept()
-    x = np.zeros(3)
-    for _ in range(2):
-        with pytest.raises(ValueError, match="flag is set"):
-            kept.plan(_host.signature((x,), (True,)), lambda: plan(True))
-    key = _host.signature((x,), (False,))
-    assert kept.plan(key, lambda: plan(False)) == ("ok",) == kept.plan(key, lambda: plan(False))
-    assert runs == [True, True, False] and len(kept.items) == 1
+def test_a_plan_that_raised_is_not_kept(counted):
+    q, k, v = _qkv()
+    for _ in range(2):  # a refused signature is checked (and refused) on every call
+        with pytest.raises(TypeError, match="num_splits must be an int"):
+            fg.decode_attention(q, k, v, num_splits=2.5)
+    assert len(counted) == 2 and not dec._PLANS.items
+    _call((q, k, v))
+    assert len(dec._PLANS.items) == 1
 
 
 def test_the_plans_are_bounded_and_the_oldest_goes_first(no_cupy):
     kept = _host.Kept(kept=3)
     x = np.zeros(2)
     for n in range(5):
-        kept.plan(_host.signature((x,), (n,)), lambda n=n: n)
+        kept.put(_host.signature((x,), (n,)), n)
     assert list(kept.items.values()) == [2, 3, 4]
+    assert kept.get(_host.signature((x,), (4,))) == 4 and kept.get(None) is None
     assert _host.signature((object(),), ()) is None  # no shape: never kept
     assert _host.signature((x,), ([1],)) is None  # unhashable option: never kept
     assert _host.signature((x,), (True,)) != _host.signature((x,), (1,))  # a bool is not an int

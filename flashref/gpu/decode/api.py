@@ -432,7 +432,9 @@ class DecodeCall(_host.Plan):
 
 def _call(paged: bool, arrays, tables, options):
     key = _host.signature((*arrays, *tables), (paged, *options))
-    call = _PLANS.plan(key, lambda: DecodeCall(paged, arrays, tables, options))
+    call = _PLANS.get(key)
+    if call is None:
+        call = _PLANS.put(key, DecodeCall(paged, arrays, tables, options))
     O, lse = call.run(*arrays, *tables)
     return (O, lse) if options[3] else O
 

@@ -150,9 +150,10 @@ class DevicePagedKVCache:
         self._step_rows = ints((B,), 0)
         self._slots = ints((self.max_step_tokens,), -1)
         self._overflow = ints((1,), 0)
-        self._plan = _host.Plan(cp, self._b)  # the appends' launches: one plan per cache
+        here = self._b.device if self._b.device is not None else cp.cuda.runtime.getDevice()
+        self._plan = _host.Plan(cp, self._b, here)  # the appends' plan: on the pools' device
         self._fns = None  # the kernels by name, compiled at the first launch
-        self._device = self._plan.device
+        self._device = here
         self._rows: dict[int, int] = {}  # seq -> its row of the table
         self._free_rows = list(range(B))
         self._layout = None  # (rows, n) of the last prepared step

@@ -129,9 +129,9 @@ def paged_prefill_attention(
 
     arrays, tables = (q, k_pages, v_pages), (block_table, lengths)
     key = _host.signature((*arrays, *tables), (causal, scale, return_lse, splits))
-    call = _PLANS.plan(
-        key, lambda: PrefillCall(*arrays, *tables, causal, scale, return_lse, splits)
-    )
+    call = _PLANS.get(key)
+    if call is None:
+        call = _PLANS.put(key, PrefillCall(*arrays, *tables, causal, scale, return_lse, splits))
     O, lse = call.run(*arrays, *tables)
     return (O, lse) if return_lse else O
 
