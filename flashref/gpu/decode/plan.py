@@ -76,6 +76,7 @@ class PagedDecodePlan:
                 "arrivals in a buffer of the call); use a version with a combine kernel"
             )
         self._call, self.decode = call.direct, call.plan
+        self._call.pinned = self._call.device  # held by its caller: runs on its own device
         B, Hq, Nq, d = call.shape
         with call.on_device():
             self.out = b.empty((B, Hq, Nq, d), q.dtype)
