@@ -8,7 +8,7 @@ Shapes (``...`` are batch dims, equal across q, k, v; ``H`` the head axis, -3):
 heads, query head ``h`` using K/V head ``h // G`` (``Hkv == 1`` is multi-query
 attention), as in ``scaled_dot_product_attention(enable_gqa=True)``. K and V are never
 copied per query head: the ``G`` query heads of a group are stacked as the rows of one
-tile (``_pack``), which then meets its K/V head once. 2-D inputs ``(N, d)`` have no head
+tile (``pack_heads``), which then meets its K/V head once. 2-D inputs ``(N, d)`` have no head
 axis (``G = 1``).
 
 Conventions shared by every function here (and by ``flashref.gpu``):
@@ -53,7 +53,7 @@ from ._checks import (
 from .state import SoftmaxState
 
 
-def _prepare(q, k, v, scale, mask, causal, return_lse, where="this function"):
+def prepare_inputs(q, k, v, scale, mask, causal, return_lse, where="this function"):
     """Validate everything before any work; return the inputs uncopied, plus what to cast to
     and ``G``, the number of query heads per K/V head.
 
@@ -71,7 +71,7 @@ def _prepare(q, k, v, scale, mask, causal, return_lse, where="this function"):
     return q, k, v, mask, scale, out_dtype, G
 
 
-def _load(x, rows: range, dtype, scale=None):
+def load_tile(x, rows: range, dtype, scale=None):
     """Rows ``rows`` of ``x (..., N, d)`` in the accumulation dtype: one tile, as a kernel loads it.
 
     Q tiles are multiplied by ``scale`` on the way in, so ``S = Q_i K_j^T`` needs no further
@@ -81,7 +81,7 @@ def _load(x, rows: range, dtype, scale=None):
     return tile if scale is None else tile * scale
 
 
-def _pack(tile, G: int):
+def pack_heads(tile, G: int):
     """Stack the query heads that share a K/V head: ``(..., Hq, B, w) -> (..., Hkv, G * B, w)``.
 
     Query heads ``h = j * G .. j * G + G - 1`` all use K/V head ``j``; as rows of one tile
@@ -98,21 +98,21 @@ def _pack(tile, G: int):
     return tile.reshape(*lead, Hq // G, G * B, w)  # (..., Hkv, G * B, w)
 
 
-def _allowed(mask, causal: bool, rows: range, cols: range, G: int = 1):
+def allowed_pairs(mask, causal: bool, rows: range, cols: range, G: int = 1):
     """Boolean (..., G * Br, Bc) of pairs that may attend in one packed tile, or None if all
-    may (rows packed as in ``_pack``; ``mask`` broadcast to (..., Hq, Nq, Nk))."""
+    may (rows packed as in ``pack_heads``; ``mask`` broadcast to (..., Hq, Nq, Nk))."""
     allowed = None
     if causal and cols.stop - 1 > rows.start:  # some key in the tile is after some query
         allowed = np.arange(cols.start, cols.stop) <= np.arange(rows.start, rows.stop)[:, None]
         if G > 1:
             allowed = np.tile(allowed, (G, 1))  # (G * Br, Bc): every head of the group alike
     if mask is not None:
-        tile = _pack(mask[..., rows.start : rows.stop, cols.start : cols.stop], G)
+        tile = pack_heads(mask[..., rows.start : rows.stop, cols.start : cols.stop], G)
         allowed = tile if allowed is None else allowed & tile
     return allowed
 
 
-def _store(O, lse, rows: range, state: SoftmaxState) -> None:
+def store_tile(O, lse, rows: range, state: SoftmaxState) -> None:
     """Write one packed query tile's result into O (..., Hq, Nq, dv) and lse (..., Hq, Nq)."""
     O_i = O[..., rows.start : rows.stop, :]  # (..., Hq, Br, dv), a view
     O_i[...] = state.result().reshape(O_i.shape)  # (..., Hkv, G * Br, dv) back to its heads
@@ -120,7 +120,7 @@ def _store(O, lse, rows: range, state: SoftmaxState) -> None:
     lse_i[...] = state.lse().reshape(lse_i.shape)
 
 
-def _finish(O, lse, out_dtype, return_lse: bool):
+def finish_output(O, lse, out_dtype, return_lse: bool):
     O = O.astype(out_dtype, copy=False)
     return (O, lse) if return_lse else O
 
@@ -132,20 +132,20 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     grows with Nq * Nk, which is exactly what tiling removes. See the module
     docstring for shapes, dtypes, the causal convention and masking.
     """
-    q, k, v, mask, scale, out_dtype, G = _prepare(
+    q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "naive_attention"
     )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     acc = scale.dtype
-    Q = _pack(_load(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
-    K, V = _load(k, range(Nk), acc), _load(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
+    Q = pack_heads(load_tile(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
+    K, V = load_tile(k, range(Nk), acc), load_tile(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
     S = Q @ np.swapaxes(K, -1, -2)  # (..., Hkv, G * Nq, Nk)
-    allowed = _allowed(mask, causal, range(Nq), range(Nk), G)
+    allowed = allowed_pairs(mask, causal, range(Nq), range(Nk), G)
     if allowed is not None:
         S = np.where(allowed, S, -np.inf)
     state = SoftmaxState.from_scores(S, V)  # one "tile" holding every key
     O = state.result().reshape(q.shape[:-1] + (dv,))  # (..., Hq, Nq, dv)
-    return _finish(O, state.lse().reshape(q.shape[:-1]), out_dtype, return_lse)
+    return finish_output(O, state.lse().reshape(q.shape[:-1]), out_dtype, return_lse)
 
 
 def tiled_attention(
@@ -173,7 +173,7 @@ def tiled_attention(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype, G = _prepare(
+    q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "tiled_attention"
     )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
@@ -182,20 +182,20 @@ def tiled_attention(
     lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Hq, Nq)
     for r0 in range(0, Nq, Br):  # Tr query tiles
         rows = range(r0, min(r0 + Br, Nq))
-        Qi = _pack(_load(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
+        Qi = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
         state = SoftmaxState.empty(kv_batch + (G * len(rows),), dv, acc)
         k_end = min(Nk, rows.stop) if causal else Nk  # later key tiles are fully masked
         for c0 in range(0, k_end, Bc):  # Tc key tiles
             cols = range(c0, min(c0 + Bc, k_end))
-            Kj = _load(k, cols, acc)  # (..., Hkv, Bc, d)
-            Vj = _load(v, cols, acc)  # (..., Hkv, Bc, dv)
+            Kj = load_tile(k, cols, acc)  # (..., Hkv, Bc, d)
+            Vj = load_tile(v, cols, acc)  # (..., Hkv, Bc, dv)
             S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
-            allowed = _allowed(mask, causal, rows, cols, G)
+            allowed = allowed_pairs(mask, causal, rows, cols, G)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             state = state.update(S, Vj)
-        _store(O, lse, rows, state)
-    return _finish(O, lse, out_dtype, return_lse)
+        store_tile(O, lse, rows, state)
+    return finish_output(O, lse, out_dtype, return_lse)
 
 
 def tiled_attention_kv_outer(
@@ -212,7 +212,7 @@ def tiled_attention_kv_outer(
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, mask, scale, out_dtype, G = _prepare(
+    q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "tiled_attention_kv_outer"
     )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
@@ -221,19 +221,19 @@ def tiled_attention_kv_outer(
     states = [SoftmaxState.empty(kv_batch + (G * len(rows),), dv, acc) for rows in row_tiles]
     for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
         cols = range(c0, min(c0 + Bc, Nk))
-        Kj = _load(k, cols, acc)  # (..., Hkv, Bc, d)
-        Vj = _load(v, cols, acc)  # (..., Hkv, Bc, dv)
+        Kj = load_tile(k, cols, acc)  # (..., Hkv, Bc, d)
+        Vj = load_tile(v, cols, acc)  # (..., Hkv, Bc, dv)
         for i, rows in enumerate(row_tiles):  # inner: Tr query tiles, each loaded Tc times
             if causal and cols.start > rows.stop - 1:
                 continue  # every key in this tile is after every query: fully masked
-            Qi = _pack(_load(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
+            Qi = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
             S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
-            allowed = _allowed(mask, causal, rows, cols, G)
+            allowed = allowed_pairs(mask, causal, rows, cols, G)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             states[i] = states[i].update(S, Vj)
     O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Hq, Nq, dv)
     lse = np.empty(batch + (Nq,), dtype=acc)  # (..., Hq, Nq)
     for rows, state in zip(row_tiles, states, strict=True):  # write each O_i, lse_i once
-        _store(O, lse, rows, state)
-    return _finish(O, lse, out_dtype, return_lse)
+        store_tile(O, lse, rows, state)
+    return finish_output(O, lse, out_dtype, return_lse)

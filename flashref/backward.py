@@ -20,7 +20,7 @@ Shapes (``...`` are batch dims, equal across every argument; heads on axis -3):
 
 With grouped-query attention (``Hq = G * Hkv``, as in ``flashref.attention``) a K/V head
 is used by ``G`` query heads, so its ``dk`` and ``dv`` are the sums of what each of them
-contributes. The query heads of a group are packed as the rows of one tile (``_pack``),
+contributes. The query heads of a group are packed as the rows of one tile (``pack_heads``),
 and the sum happens inside the products ``P^T dO`` and ``dS^T Q``, which run over those
 rows: no per-query-head copy of K, V, dK or dV is made.
 
@@ -41,13 +41,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import as_float_array, check_block
-from .attention import _allowed, _load, _pack, _prepare
+from .attention import allowed_pairs, load_tile, pack_heads, prepare_inputs
 
 
 def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where="the backward"):
     """Validate every argument before any work (q, k, v, scale and mask as the forward does)."""
-    q, k, v, mask, scale, _, G = _prepare(q, k, v, scale, mask, causal, False, where)
-    causal = bool(causal)  # truthy exactly where it masks (_prepare)
+    q, k, v, mask, scale, _, G = prepare_inputs(q, k, v, scale, mask, causal, False, where)
+    causal = bool(causal)  # truthy exactly where it masks (prepare_inputs)
     o = as_float_array(o, "o")
     lse = as_float_array(lse, "lse")
     do = as_float_array(do, "do")
@@ -71,14 +71,14 @@ def _lse_for_exp(lse, dtype) -> np.ndarray:
 
     A query that saw no key has ``lse = -inf`` and every score ``-inf``: ``exp(-inf - -inf)``
     would be NaN. With ``+inf`` instead, ``S - lse`` is ``-inf`` whatever S is, and P is 0.
-    A NaN stays NaN. As a column, its row tiles pack like those of q (``_pack``).
+    A NaN stays NaN. As a column, its row tiles pack like those of q (``pack_heads``).
     """
     L = lse.astype(dtype)[..., None]  # (..., Nq, 1), a copy
     L[np.isneginf(L)] = np.inf
     return L
 
 
-def _finish(q, k, v, dQ, dK, dV):
+def finish_output(q, k, v, dQ, dK, dV):
     """The gradients in the dtypes of the inputs they belong to."""
     return (
         dQ.astype(q.dtype, copy=False),
@@ -99,13 +99,13 @@ def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, m
     )
     Nq, Nk = q.shape[-2], k.shape[-2]
     acc = scale.dtype
-    Q = _pack(_load(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
-    K, V = _load(k, range(Nk), acc), _load(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
-    O = _pack(_load(o, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
-    dO = _pack(_load(do, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
-    L = _pack(_lse_for_exp(lse, acc), G)  # (..., Hkv, G * Nq, 1)
+    Q = pack_heads(load_tile(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
+    K, V = load_tile(k, range(Nk), acc), load_tile(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
+    O = pack_heads(load_tile(o, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
+    dO = pack_heads(load_tile(do, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
+    L = pack_heads(_lse_for_exp(lse, acc), G)  # (..., Hkv, G * Nq, 1)
     S = Q @ np.swapaxes(K, -1, -2)  # (..., Hkv, G * Nq, Nk)
-    allowed = _allowed(mask, causal, range(Nq), range(Nk), G)
+    allowed = allowed_pairs(mask, causal, range(Nq), range(Nk), G)
     if allowed is not None:
         S = np.where(allowed, S, -np.inf)
     P = np.exp(S - L)  # (..., Hkv, G * Nq, Nk), the forward's softmax
@@ -115,7 +115,7 @@ def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, m
     dS = P * (dP - D)  # (..., Hkv, G * Nq, Nk)
     dQ = scale * (dS @ K)  # (..., Hkv, G * Nq, d)
     dK = np.swapaxes(dS, -1, -2) @ Q  # (..., Hkv, Nk, d); Q already carries the scale
-    return _finish(q, k, v, dQ.reshape(q.shape), dK, dV)
+    return finish_output(q, k, v, dQ.reshape(q.shape), dK, dV)
 
 
 def tiled_attention_backward(
@@ -144,26 +144,26 @@ def tiled_attention_backward(
     D = np.empty(batch + (Nq, 1), dtype=acc)  # (..., Hq, Nq, 1)
     for r0 in range(0, Nq, Br):  # D_i = rowsum(dO_i * O_i), before the main loop
         rows = range(r0, min(r0 + Br, Nq))
-        dOi, Oi = _load(do, rows, acc), _load(o, rows, acc)  # (..., Hq, Br, dv)
+        dOi, Oi = load_tile(do, rows, acc), load_tile(o, rows, acc)  # (..., Hq, Br, dv)
         D[..., rows.start : rows.stop, :] = np.sum(dOi * Oi, axis=-1, keepdims=True)
     dQ = np.zeros(batch + (Nq, d), dtype=acc)  # (..., Hq, Nq, d), summed over key tiles
     dK = np.empty(kv_batch + (Nk, d), dtype=acc)  # (..., Hkv, Nk, d)
     dV = np.empty(kv_batch + (Nk, dv), dtype=acc)  # (..., Hkv, Nk, dv)
     for c0 in range(0, Nk, Bc):  # outer: Tc key/value tiles, each loaded once
         cols = range(c0, min(c0 + Bc, Nk))
-        Kj = _load(k, cols, acc)  # (..., Hkv, Bc, d)
-        Vj = _load(v, cols, acc)  # (..., Hkv, Bc, dv)
+        Kj = load_tile(k, cols, acc)  # (..., Hkv, Bc, d)
+        Vj = load_tile(v, cols, acc)  # (..., Hkv, Bc, dv)
         dKj = np.zeros(kv_batch + (len(cols), d), dtype=acc)  # (..., Hkv, Bc, d), on chip
         dVj = np.zeros(kv_batch + (len(cols), dv), dtype=acc)  # (..., Hkv, Bc, dv), on chip
         r_start = c0 // Br * Br if causal else 0  # earlier query tiles see none of these keys
         for r0 in range(r_start, Nq, Br):  # inner: Tr query tiles
             rows = range(r0, min(r0 + Br, Nq))
-            Qi = _pack(_load(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
-            dOi = _pack(_load(do, rows, acc), G)  # (..., Hkv, G * Br, dv)
-            Li = _pack(L[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
-            Di = _pack(D[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
+            Qi = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
+            dOi = pack_heads(load_tile(do, rows, acc), G)  # (..., Hkv, G * Br, dv)
+            Li = pack_heads(L[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
+            Di = pack_heads(D[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
             S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
-            allowed = _allowed(mask, causal, rows, cols, G)
+            allowed = allowed_pairs(mask, causal, rows, cols, G)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             P = np.exp(S - Li)  # (..., Hkv, G * Br, Bc), recomputed
@@ -175,4 +175,4 @@ def tiled_attention_backward(
             dKj += np.swapaxes(dS, -1, -2) @ Qi  # (..., Hkv, Bc, d); Qi carries the scale
         dK[..., cols.start : cols.stop, :] = dKj  # each dK_j, dV_j written once
         dV[..., cols.start : cols.stop, :] = dVj
-    return _finish(q, k, v, dQ, dK, dV)
+    return finish_output(q, k, v, dQ, dK, dV)

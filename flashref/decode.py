@@ -28,7 +28,7 @@ from functools import reduce
 import numpy as np
 
 from ._checks import check_block, check_flag
-from .attention import _allowed, _prepare, naive_attention
+from .attention import allowed_pairs, naive_attention, prepare_inputs
 from .state import SoftmaxState, merge_states
 
 
@@ -86,7 +86,7 @@ def split_kv_attention(
     Returns ``O``, ``(O, lse)``, ``(O, splits)`` or ``(O, lse, splits)``, where ``splits``
     is the list of ``KVSplit`` (each chunk's keys and partial ``O``, ``lse``).
     """
-    q, k, v, mask, scale, out_dtype, _ = _prepare(
+    q, k, v, mask, scale, out_dtype, _ = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "split_kv_attention"
     )
     return_splits = check_flag(return_splits, "return_splits")
@@ -99,7 +99,7 @@ def split_kv_attention(
     for keys in chunks:  # on a GPU: one block per (split, head, query tile), all at once
         K_s = k[..., keys.start : keys.stop, :].astype(acc, copy=False)  # (..., Hkv, n, d)
         V_s = v[..., keys.start : keys.stop, :].astype(acc, copy=False)  # (..., Hkv, n, dv)
-        mask_s = _allowed(mask, causal, range(Nq), keys)  # (..., Hq, Nq, n) or None
+        mask_s = allowed_pairs(mask, causal, range(Nq), keys)  # (..., Hq, Nq, n) or None
         O_s, lse_s = naive_attention(Q, K_s, V_s, scale=scale, mask=mask_s, return_lse=True)
         splits.append(KVSplit(keys, O_s, lse_s))  # (..., Hq, Nq, dv), (..., Hq, Nq)
 

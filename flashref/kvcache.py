@@ -37,7 +37,7 @@ from ._checks import (
     check_scale,
     group_size,
 )
-from .attention import _allowed, _finish, _load, _pack, _store
+from .attention import allowed_pairs, finish_output, load_tile, pack_heads, store_tile
 from .state import SoftmaxState
 
 
@@ -296,7 +296,7 @@ def paged_attention(q, cache, seqs, *, causal="bottom_right", scale=None, return
     lse = np.empty((B, Hq, Nq), dtype=acc)  # (B, Hq, Nq)
     rows = range(Nq)
     for b, L in enumerate(lengths):  # on a GPU: one block per (sequence, K/V head, split)
-        Qb = _pack(_load(q[b], rows, acc, scale), G)  # (Hkv, G * Nq, d), scaled
+        Qb = pack_heads(load_tile(q[b], rows, acc, scale), G)  # (Hkv, G * Nq, d), scaled
         state = SoftmaxState.empty((Hkv, G * Nq), dv, acc)
         positions = range(L - Nq, L)  # where the queries sit in the sequence (bottom-right)
         for p in range(-(-L // ps)):  # the pages in use, in block-table order
@@ -305,9 +305,9 @@ def paged_attention(q, cache, seqs, *, causal="bottom_right", scale=None, return
             Kp = cache.k_pages[page, :, :n].astype(acc, copy=False)  # (Hkv, n, d)
             Vp = cache.v_pages[page, :, :n].astype(acc, copy=False)  # (Hkv, n, dv)
             S = Qb @ np.swapaxes(Kp, -1, -2)  # (Hkv, G * Nq, n)
-            allowed = _allowed(None, causal, positions, cols, G)  # key j <= i + L - Nq
+            allowed = allowed_pairs(None, causal, positions, cols, G)  # key j <= i + L - Nq
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             state = state.update(S, Vp)
-        _store(O[b], lse[b], rows, state)
-    return _finish(O, lse, out_dtype, return_lse)
+        store_tile(O[b], lse[b], rows, state)
+    return finish_output(O, lse, out_dtype, return_lse)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import accumulation_dtype, as_float_array, check_axis, check_block
-from .state import SoftmaxState, _reference
+from .state import SoftmaxState, shift_of
 
 
 def naive_softmax(x, axis: int = -1) -> np.ndarray:
@@ -60,7 +60,7 @@ def safe_softmax(x, axis: int = -1) -> np.ndarray:
     axis = check_axis(axis, x.ndim)
     xa = x.astype(accumulation_dtype(x.dtype))
     m = xa.max(axis=axis, keepdims=True, initial=-np.inf)
-    e = np.exp(xa - _reference(m))
+    e = np.exp(xa - shift_of(m))
     l = e.sum(axis=axis, keepdims=True)  # >= 1, except 0 for a row of only -inf
     return np.divide(e, l, out=np.zeros_like(e), where=l != 0).astype(x.dtype)
 
@@ -80,7 +80,7 @@ def online_softmax(x, block_size: int, axis: int = -1) -> np.ndarray:
     state = SoftmaxState.empty(xa.shape[:-1], dtype=xa.dtype)
     for start in range(0, xa.shape[-1], block_size):
         state = state.update(xa[..., start : start + block_size])
-    e = np.exp(xa - _reference(state.m)[..., None])  # (..., N)
+    e = np.exp(xa - shift_of(state.m)[..., None])  # (..., N)
     l = state.l[..., None]  # (..., 1): 0 only for a row of only -inf, whose weights are 0
     out = np.divide(e, l, out=np.zeros_like(e), where=l != 0)
     return np.moveaxis(out, -1, axis).astype(x.dtype)

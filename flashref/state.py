@@ -34,7 +34,7 @@ import numpy as np
 from ._checks import FLOAT_DTYPES, as_float_array, check_block
 
 
-def _reference(m: np.ndarray) -> np.ndarray:
+def shift_of(m: np.ndarray) -> np.ndarray:
     """The shift to subtract: ``m`` itself, except 0 where ``m = -inf``.
 
     With nothing seen yet (``m = -inf``), ``x - m`` would be ``-inf - -inf = NaN``.
@@ -123,7 +123,7 @@ class SoftmaxState:
                 f" (..., Bc, dv) for s {s.shape}: the rows of s share one block of values"
             )
         m_new = np.maximum(self.m, s.max(axis=-1, initial=-np.inf))  # (...)
-        shift = _reference(m_new)
+        shift = shift_of(m_new)
         alpha = np.exp(self.m - shift)  # (...) correction factor, <= 1
         p = s - shift[..., None]  # (..., Bc): a new array, so the exp can work in place
         np.exp(p, out=p)  # unnormalised weights
@@ -135,7 +135,7 @@ class SoftmaxState:
         """Natural log-sum-exp of everything seen: ``m + log(l)``, ``-inf`` for empty rows."""
         out = np.full(self.l.shape, -np.inf, dtype=self.l.dtype)
         np.log(self.l, out=out, where=self.l != 0)  # l = 0 only for empty rows; NaN stays NaN
-        return out + _reference(self.m)
+        return out + shift_of(self.m)
 
     def result(self) -> np.ndarray:
         """The normalised output ``o / l`` (``(..., dv)``); zeros for empty rows."""
@@ -190,7 +190,7 @@ def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
             f"states have outputs of different widths dv: a.o {a.o.shape}, b.o {b.o.shape}"
         )
     m = np.maximum(a.m, b.m)
-    shift = _reference(m)
+    shift = shift_of(m)
     alpha_a = np.exp(a.m - shift)
     alpha_b = np.exp(b.m - shift)
     l = a.l * alpha_a + b.l * alpha_b

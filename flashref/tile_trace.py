@@ -2,7 +2,7 @@
 
 ``trace_tiles`` runs ``tiled_attention`` (``order="q_outer"``, FlashAttention-2) or
 ``tiled_attention_kv_outer`` (``"kv_outer"``, Algorithm 1) on small arrays and records,
-through the loads and stores those functions make (``attention._load``, ``_store``), every
+through the loads and stores those functions make (``attention.load_tile``, ``store_tile``), every
 tile that enters the chip (``Q``, ``K``, ``V`` by tile number) and every output tile written
 back (``O``), and every score tile ``(i, j)`` folded into a state (``SoftmaxState.update``).
 Nothing is typed by hand: the order and the tile bounds are the functions' own.
@@ -29,9 +29,9 @@ class TileTrace(NamedTuple):
 def _recording(Br: int, Bc: int):
     events, pairs, arrays = [], [], {}
     prepare, load, store, update = (
-        attention._prepare,
-        attention._load,
-        attention._store,
+        attention.prepare_inputs,
+        attention.load_tile,
+        attention.store_tile,
         SoftmaxState.update,
     )
     last = {"Q": None, "K": None}
@@ -57,12 +57,16 @@ def _recording(Br: int, Bc: int):
         pairs.append((last["Q"], last["K"]))
         return update(self, s, v)
 
-    attention._prepare, attention._load, attention._store = rec_prepare, rec_load, rec_store
+    attention.prepare_inputs, attention.load_tile, attention.store_tile = (
+        rec_prepare,
+        rec_load,
+        rec_store,
+    )
     SoftmaxState.update = rec_update
     try:
         yield TileTrace(events, pairs)
     finally:
-        attention._prepare, attention._load, attention._store = prepare, load, store
+        attention.prepare_inputs, attention.load_tile, attention.store_tile = prepare, load, store
         SoftmaxState.update = update
 
 

@@ -29,16 +29,12 @@ checks). Writes JSON (schema in ``write_json``) to ``results/gpu_backward.json``
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 from flashref.gpu import flash_attention_backward
 from flashref.gpu._runtime import device_cc, require_gpu
@@ -48,7 +44,7 @@ from flashref.gpu.forward import resolve_version as forward_version
 
 from ._common import HEADS, REPEATS, ClockSampler, batch, flops, import_torch, median_ms
 from .cli import ArgumentParser
-from .provenance import driver_version, runtime_version, tree
+from .provenance import provenance
 
 DEFAULT_N = (1024, 4096, 16384)
 SDPA = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
@@ -58,20 +54,12 @@ BWD_FLOP_FACTOR = 2.5
 PROG = "python -m flashref.bench backward"
 
 
-def _meta(cp, torch, args) -> dict:
+def run_meta(cp, torch, args) -> dict:
     from flashref.gpu import BWD_VERSIONS
 
     props = cp.cuda.runtime.getDeviceProperties(0)
-    return {
-        "gpu": props["name"].decode(),
+    return provenance(cp, torch, backward="all") | {
         "sm_count": props["multiProcessorCount"],
-        "driver": driver_version(cp.cuda.runtime),
-        "cuda_runtime": runtime_version(cp.cuda.runtime),
-        "cupy": cp.__version__,
-        "torch": torch.__version__ if torch is not None else None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "date": datetime.date.today().isoformat(),
         "heads": HEADS,
         "batch_rule": "B = max(1, 2*16384 // N)",
         "shapes": {"N": list(args.n), "d": list(args.d), "dtypes": list(args.dtypes)},
@@ -86,7 +74,6 @@ def _meta(cp, torch, args) -> dict:
         ),
         "tflops_rule": "forward 4 B H N^2 d / time (halved for causal); backward 2.5x that",
         "backward_versions": {n: f"{v.name}: {v.summary}" for n, v in BWD_VERSIONS.items()},
-        **tree(backward="all"),
     }
 
 
@@ -225,7 +212,7 @@ def run(args) -> dict:
     if "bfloat16" in args.dtypes:
         import ml_dtypes  # noqa: F401  (registers the name "bfloat16" with NumPy, as CuPy needs)
     torch, _, _ = import_torch()
-    meta = _meta(cp, torch, args)
+    meta = run_meta(cp, torch, args)
     print(
         f"{meta['gpu']}, driver {meta['driver']}, CuPy {meta['cupy']}, torch {meta['torch']}",
         file=sys.stderr,

@@ -126,13 +126,13 @@ def _sdpa(torch):
     return torch.nn.functional.scaled_dot_product_attention
 
 
-def _cudnn(torch):
+def cudnn_only(torch):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
 
 
-def _randn(torch, shape, dtype, gen):
+def randn_cuda(torch, shape, dtype, gen):
     return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
 
 
@@ -147,7 +147,7 @@ def host_inputs(torch):
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, H, N, d = HOST_SHAPE
-    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
+    q, k, v, dO = (randn_cuda(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
     O, lse = fg.flash_attention(q, k, v, return_lse=True)
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     return gen, q, k, v, dO, O, lse, qg, kg, vg, _sdpa(torch)(qg, kg, vg)
@@ -236,8 +236,8 @@ def host_times(torch, timer) -> list[dict]:
         "flashref.torch.attention_op: the operators torch.compile traces, called eagerly",
     )
     Bd, Hq, Hkv, Nk, dd = DECODE_HOST
-    qd = _randn(torch, (Bd, Hq, 1, dd), torch.float16, gen)
-    kd, vd = (_randn(torch, (Bd, Hkv, Nk, dd), torch.float16, gen) for _ in range(2))
+    qd = randn_cuda(torch, (Bd, Hq, 1, dd), torch.float16, gen)
+    kd, vd = (randn_cuda(torch, (Bd, Hkv, Nk, dd), torch.float16, gen) for _ in range(2))
     row(
         f"decode_attention B {Bd}, Hq {Hq}, Hkv {Hkv}, Nk {Nk}, d {dd}",
         lambda: fg.decode_attention(qd, kd, vd),
@@ -262,7 +262,7 @@ def forward_times(torch, timer, l2_bytes: int) -> list[dict]:
                     gen = torch.Generator(device="cuda").manual_seed(N + d)
                     one = 3 * B * H * N * d * 2
                     sets = [
-                        tuple(_randn(torch, (B, H, N, d), tdt, gen) for _ in range(3))
+                        tuple(randn_cuda(torch, (B, H, N, d), tdt, gen) for _ in range(3))
                         for _ in range(copies(one, l2_bytes))
                     ]
                     fl = [lambda s=s, c=causal: fg.flash_attention(*s, causal=c) for s in sets]
@@ -276,7 +276,7 @@ def forward_times(torch, timer, l2_bytes: int) -> list[dict]:
                         "H": H,
                         "copies": len(sets),
                     }
-                    with _cudnn(torch):  # entered once, outside every timed region
+                    with cudnn_only(torch):  # entered once, outside every timed region
                         for runs in (fl, sd):
                             runs[0]()
                         for how, measure in (
@@ -304,14 +304,14 @@ def training_times(torch, timer) -> list[dict]:
     rows = []
     for B, H, N, d in TRAINING_SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(N)
-        q, k, v, dO = (_randn(torch, (B, H, N, d), torch.bfloat16, gen) for _ in range(4))
+        q, k, v, dO = (randn_cuda(torch, (B, H, N, d), torch.bfloat16, gen) for _ in range(4))
         leaves = [x.requires_grad_() for x in (q, k, v)]
 
         def step(fn, leaves=leaves, dO=dO):
             return torch.autograd.grad(fn(*leaves, is_causal=True), leaves, dO)
 
         sides = {"flashref": [lambda: step(ft.attention)], "cudnn": [lambda: step(sdpa)]}
-        with _cudnn(torch):
+        with cudnn_only(torch):
             for runs in sides.values():
                 runs[0]()
             res = interleaved(sides, timer.back_to_back)
@@ -355,15 +355,15 @@ def decode_times(torch, timer, l2_bytes: int) -> list[dict]:
                 gen = torch.Generator(device="cuda").manual_seed(B * Nk + Hkv)
                 sets = [
                     (
-                        _randn(torch, (B, DECODE_HQ, 1, DECODE_D), torch.float16, gen),
-                        _randn(torch, (B, Hkv, Nk, DECODE_D), torch.float16, gen),
-                        _randn(torch, (B, Hkv, Nk, DECODE_D), torch.float16, gen),
+                        randn_cuda(torch, (B, DECODE_HQ, 1, DECODE_D), torch.float16, gen),
+                        randn_cuda(torch, (B, Hkv, Nk, DECODE_D), torch.float16, gen),
+                        randn_cuda(torch, (B, Hkv, Nk, DECODE_D), torch.float16, gen),
                     )
                     for _ in range(n)
                 ]
                 fl = [lambda s=s: fg.decode_attention(*s) for s in sets]
                 sd = [lambda s=s: sdpa(*s, enable_gqa=True) for s in sets]
-                with _cudnn(torch):
+                with cudnn_only(torch):
                     note = None
                     try:
                         sd[0]()
@@ -374,7 +374,7 @@ def decode_times(torch, timer, l2_bytes: int) -> list[dict]:
                     sd = [lambda s=s: sdpa(*s, enable_gqa=True) for s in sets]
                     ctx = contextlib.nullcontext()
                 else:
-                    ctx = _cudnn(torch)
+                    ctx = cudnn_only(torch)
                 fl[0]()
                 with ctx:
                     res = interleaved(
@@ -430,13 +430,13 @@ def capture_outcomes(torch) -> dict:
     import flashref.torch as ft
 
     gen = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v, dO = (_randn(torch, (2, 8, 300, 64), torch.float16, gen) for _ in range(4))
+    q, k, v, dO = (randn_cuda(torch, (2, 8, 300, 64), torch.float16, gen) for _ in range(4))
     O, lse = fg.flash_attention(q, k, v, causal=True, return_lse=True)
-    qd = _randn(torch, (4, 16, 1, 128), torch.bfloat16, gen)
-    kd, vd = (_randn(torch, (4, 4, 1000, 128), torch.bfloat16, gen) for _ in range(2))
+    qd = randn_cuda(torch, (4, 16, 1, 128), torch.bfloat16, gen)
+    kd, vd = (randn_cuda(torch, (4, 4, 1000, 128), torch.bfloat16, gen) for _ in range(2))
     lengths = torch.tensor([1000, 1, 517, 64], dtype=torch.int32, device="cuda")
     pages = 4 * 16
-    kp, vp = (_randn(torch, (pages, 4, PAGE_SIZE, 128), torch.bfloat16, gen) for _ in range(2))
+    kp, vp = (randn_cuda(torch, (pages, 4, PAGE_SIZE, 128), torch.bfloat16, gen) for _ in range(2))
     table = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(4, 16)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
 

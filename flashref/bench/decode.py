@@ -45,10 +45,8 @@ Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -67,8 +65,8 @@ from ..gpu.decode import VERSIONS
 from ..recorded.decode import impl_names
 from ._common import ClockSampler, import_torch, median_ms
 from .cli import ArgumentParser
-from .provenance import driver_version, runtime_version, tree
-from .roofs import ROOF_DIR, _time_ms, device_facts, hbm_roof
+from .provenance import provenance
+from .roofs import ROOF_DIR, device_facts, hbm_roof, time_ms
 from .timing.call_time import host_us, kernel_us
 from .timing.graph_time import L2_MULTIPLE, CapturedCalls, graph_calls, input_sets
 
@@ -97,20 +95,13 @@ def hbm_read_roof(cp, sm_count: int) -> float:
     buf[:] = cp.arange(buf.size, dtype=cp.uint32)  # touched: every page of it is real memory
     out = cp.empty(4, dtype=cp.uint32)
     args = (buf, np.int64(READ_BYTES // 16), out)
-    ms = _time_ms(cp, lambda: fn((sm_count * 8,), (256,), args))
+    ms = time_ms(cp, lambda: fn((sm_count * 8,), (256,), args))
     del buf
     return READ_BYTES / (ms * 1e-3) / 1e9
 
 
-def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
-    return {
-        "gpu": facts["gpu"],
-        "driver": driver_version(cp.cuda.runtime),
-        "cuda_runtime": runtime_version(cp.cuda.runtime),
-        "cupy": cp.__version__,
-        "torch": torch.__version__ if torch is not None else None,
-        "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(),
+def run_meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
+    return provenance(cp, torch, decode=versions) | {
         "hbm_read_gbps": read_gbps,
         "hbm_copy_gbps": copy_gbps,
         "sm_count": facts["sm_count"],
@@ -121,7 +112,6 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
             "of the public calls beside SDPA's: python -m flashref.bench calls"
         ),
         "decode_versions": list(versions),
-        **tree(decode=versions),
         "gbps_rule": "bytes of K and V (every key valid) / time",
         "host_rule": (
             f"host_us: median over {HOST_CALLS} calls of perf_counter around one call of the "
@@ -146,7 +136,7 @@ def _meta(cp, torch, facts, read_gbps, copy_gbps, versions=(1,)) -> dict:
     }
 
 
-def _inputs(cp, B, Hkv, Nk, dtype, seed, d=D):
+def decode_inputs(cp, B, Hkv, Nk, dtype, seed, d=D):
     """q (B, HQ, 1, d), k, v (B, Hkv, Nk, d) of normals, filled a sequence at a time."""
     rng = cp.random.default_rng(seed)
     q = rng.standard_normal((B, HQ, NQ, d), dtype=cp.float32).astype(dtype)
@@ -301,7 +291,7 @@ def bench_shape(ctx, dtype, B, Hkv, Nk, rounds, versions=(1,)) -> list[dict]:
             }
             for i in (*(n for v in versions for n in impl_names(v)), *BACKENDS)
         ]
-    q, k, v = _inputs(cp, B, Hkv, Nk, dtype, seed=B * 1000 + Hkv + Nk)
+    q, k, v = decode_inputs(cp, B, Hkv, Nk, dtype, seed=B * 1000 + Hkv + Nk)
     impls = _impls(ctx, q, k, v, dtype, paged_ok=2 * kv_bytes < 0.8 * free, versions=versions)
     times = {impl: [] for impl, *_ in impls}
     events = {"cp": cp.cuda.Event}
@@ -379,7 +369,9 @@ def _graph_times(ctx, impls, inputs, kv_bytes: int, rounds: int, seed: int) -> d
     q, k, v = inputs
     B, Hkv, Nk, _ = k.shape
     n_sets = input_sets(kv_bytes, ctx["l2_bytes"])
-    sets = [inputs] + [_inputs(cp, B, Hkv, Nk, q.dtype, seed=seed + i) for i in range(1, n_sets)]
+    sets = [inputs] + [
+        decode_inputs(cp, B, Hkv, Nk, q.dtype, seed=seed + i) for i in range(1, n_sets)
+    ]
     n_calls = graph_calls(kv_bytes, n_sets)
     captured, out = {}, {}
     for impl, make in made:
@@ -427,7 +419,7 @@ def run(args) -> dict:
     read = hbm_read_roof(cp, facts["sm_count"])
     copy = hbm_roof(cp)["hbm_copy_tbps"] * 1e3
     cp.get_default_memory_pool().free_all_blocks()
-    meta = _meta(cp, torch, facts, read, copy, args.versions)
+    meta = run_meta(cp, torch, facts, read, copy, args.versions)
     print(
         f"{meta['gpu']}, CuPy {meta['cupy']}, torch {meta['torch']}: HBM read {read:.0f} GB/s, "
         f"copy {copy:.0f} GB/s",

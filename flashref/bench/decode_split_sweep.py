@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from flashref.bench.decode import _inputs, _meta, sdpa_decode
+from flashref.bench.decode import decode_inputs, run_meta, sdpa_decode
 from flashref.bench.roofs import device_facts
 from flashref.bench.timing.graph_time import CapturedCalls, graph_calls, input_sets
 from flashref.gpu.decode import (
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         import ml_dtypes  # noqa: F401  (the NumPy name CuPy needs)
 
     facts = device_facts(cp)
-    meta = _meta(cp, torch, facts, None, None, args.versions)
+    meta = run_meta(cp, torch, facts, None, None, args.versions)
     for k in ("hbm_read_gbps", "hbm_copy_gbps", "gbps_rule", "host_rule", "kernel_rule"):
         meta.pop(k)
     meta["timing"] = (
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         kv_bytes = 2 * B * Hkv * Nk * D * 2
         n_sets = input_sets(kv_bytes, facts["l2_bytes"])
         n_calls = graph_calls(kv_bytes, n_sets)
-        sets = [_inputs(cp, B, Hkv, Nk, args.dtype, seed=i, d=D) for i in range(n_sets)]
+        sets = [decode_inputs(cp, B, Hkv, Nk, args.dtype, seed=i, d=D) for i in range(n_sets)]
         top = min(MAX_SPLITS, max(1, (-(-Nk // TILE_KEYS)) // MIN_TILES_PER_SPLIT))
         graphs = {}
         for version in args.versions:

@@ -29,11 +29,9 @@ The backward's benchmark is ``python -m flashref.bench backward``.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,7 +53,7 @@ from ._common import (
     median_ms,
 )
 from .cli import ArgumentParser
-from .provenance import driver_version, runtime_version, tree
+from .provenance import provenance
 from .roofs import measure as measure_roofs
 
 ALL_N = (512, 1024, 2048, 4096, 8192, 16384)
@@ -87,17 +85,8 @@ def naive_cupy(cp, q, k, v, causal: bool, bias=None):
     return S @ v  # (B, H, N, d)
 
 
-def _meta(cp, torch, ceilings):
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    return {
-        "gpu": props["name"].decode(),
-        "driver": driver_version(cp.cuda.runtime),
-        "cuda_runtime": runtime_version(cp.cuda.runtime),
-        "cupy": cp.__version__,
-        "torch": torch.__version__ if torch is not None else None,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "date": datetime.date.today().isoformat(),
+def run_meta(cp, torch, ceilings):
+    return provenance(cp, torch, forward="all") | {
         "heads": HEADS,
         "batch_rule": "B = max(1, 2*16384 // N)",
         "timing": (
@@ -110,7 +99,6 @@ def _meta(cp, torch, ceilings):
         "sm_count": ceilings["device"]["sm_count"],
         "peak_copy_tbps": ceilings["roofs"]["hbm_copy_tbps"],
         "ceilings": ceilings,
-        **tree(forward="all"),
     }
 
 
@@ -327,7 +315,7 @@ def run(args) -> dict:
     torch, SDPBackend, sdpa_kernel = import_torch()
     ceilings = measure_roofs(cp)
     cp.get_default_memory_pool().free_all_blocks()
-    meta = _meta(cp, torch, ceilings)
+    meta = run_meta(cp, torch, ceilings)
     r = ceilings["roofs"]
     print(
         f"{meta['gpu']}, driver {meta['driver']}, CUDA runtime {meta['cuda_runtime']}, "

@@ -91,7 +91,7 @@ def _torch_ranges(torch, run, calls: int) -> list[dict]:
 def calls(torch, n: int) -> dict:
     import flashref.torch as ft
 
-    from .calls import DECODE_HOST, _randn, host_inputs
+    from .calls import DECODE_HOST, host_inputs, randn_cuda
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gen, q, k, v, dO, O, lse, qg, kg, vg, O_s = host_inputs(torch)
@@ -99,8 +99,8 @@ def calls(torch, n: int) -> dict:
     Bd, Hq, Hkv, Nk, dd = DECODE_HOST
     decode = {}
     for Bx in (1, Bd):
-        qd = _randn(torch, (Bx, Hq, 1, dd), torch.float16, gen)
-        kd, vd = (_randn(torch, (Bx, Hkv, Nk, dd), torch.float16, gen) for _ in range(2))
+        qd = randn_cuda(torch, (Bx, Hq, 1, dd), torch.float16, gen)
+        kd, vd = (randn_cuda(torch, (Bx, Hkv, Nk, dd), torch.float16, gen) for _ in range(2))
         decode[Bx] = (qd, kd, vd)
 
     def grads(out, retain=False):
@@ -199,21 +199,21 @@ def loops(torch, n: int = 50) -> dict:
 
     import flashref.torch as ft
 
-    from .calls import HOST_SHAPE, CallTimer, _cudnn, _randn
+    from .calls import HOST_SHAPE, CallTimer, cudnn_only, randn_cuda
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gen = torch.Generator(device="cuda").manual_seed(1)
     sets = [
         (
-            _randn(torch, (1, 32, 1, 128), torch.float16, gen),
-            *(_randn(torch, (1, 8, 4096, 128), torch.float16, gen) for _ in range(2)),
+            randn_cuda(torch, (1, 32, 1, 128), torch.float16, gen),
+            *(randn_cuda(torch, (1, 8, 4096, 128), torch.float16, gen) for _ in range(2)),
         )
         for _ in range(4)
     ]
     timer, out = CallTimer(torch), {}
     sides = (
         ("flashref", fg.decode_attention, contextlib.nullcontext),
-        ("sdpa cuDNN", lambda q, k, v: sdpa(q, k, v, enable_gqa=True), lambda: _cudnn(torch)),
+        ("sdpa cuDNN", lambda q, k, v: sdpa(q, k, v, enable_gqa=True), lambda: cudnn_only(torch)),
     )
     for name, fn, ctx in sides:
         with ctx():
@@ -224,7 +224,7 @@ def loops(torch, n: int = 50) -> dict:
                 out[f"decode loop, {name}, {copies} input sets, us per call"] = loop
             out[f"decode loop, {name}, kernels' GPU us per call"] = kernel_us(torch, runs[0], 20)
     B, H, N, d = HOST_SHAPE
-    q, k, v, dO = (_randn(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
+    q, k, v, dO = (randn_cuda(torch, (B, H, N, d), torch.float16, gen) for _ in range(4))
     leaves = [x.requires_grad_() for x in (q, k, v)]
     for name, fn in (("flashref", ft.attention), ("sdpa", sdpa)):
 

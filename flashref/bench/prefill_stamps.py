@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from flashref.bench.provenance import provenance, source_hash
-from flashref.bench.serving import _pages
+from flashref.bench.serving import paged_pool
 from flashref.gpu.decode import prefill
 from flashref.gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 
@@ -132,8 +132,8 @@ def run() -> dict:
     for H, d in SHAPES:
         gen = torch.Generator().manual_seed(H + d)
         q, k, v = (torch.randn((1, H, 4096, d), generator=gen).half().cuda() for _ in range(3))
-        kp, table = _pages(torch, k, PAGE, torch.Generator().manual_seed(5))
-        vp, _ = _pages(torch, v, PAGE, torch.Generator().manual_seed(5))
+        kp, table = paged_pool(torch, k, PAGE, torch.Generator().manual_seed(5))
+        vp, _ = paged_pool(torch, v, PAGE, torch.Generator().manual_seed(5))
         for Nq, L in CHUNKS:
             x = q[:, :, L - Nq : L].contiguous()
             n = torch.tensor([L], dtype=torch.int32, device="cuda")

@@ -237,9 +237,12 @@ def tree(forward=(), backward=(), decode=()) -> dict:
 
 def provenance(cp, torch, *, forward=(), backward=(), decode=()) -> dict:
     """What a results file says about where it came from: the GPU, driver, CUDA runtime,
-    CuPy, torch, Python, date, the commit, and the source hash of each version measured."""
+    CuPy, torch, Python, NumPy, date, the commit, and the source hash of each version
+    measured: the one builder of every GPU program's run metadata, which adds its own."""
     import datetime
     import platform
+
+    import numpy
 
     dev = cp.cuda.Device()
     return {
@@ -249,6 +252,7 @@ def provenance(cp, torch, *, forward=(), backward=(), decode=()) -> dict:
         "cupy": cp.__version__,
         "torch": None if torch is None else torch.__version__,
         "python": platform.python_version(),
+        "numpy": numpy.__version__,
         "date": datetime.date.today().isoformat(),
         **tree(forward, backward, decode),
     }

@@ -48,7 +48,7 @@ from .._checks import check_causal, check_qkv, check_scale
 from ..attention import naive_attention
 from ..gpu import gpu_unavailable_reason
 from ..gpu.forward import resolve_version
-from ..ring.simulate import _check_layout
+from ..ring.simulate import check_layout
 from . import ring_check
 from .cli import ArgumentParser
 
@@ -183,7 +183,7 @@ def ring_attention_gloo(
             f"{q.shape}, k {k.shape} (grouped heads are for flashref.ring_attention)"
         )
     causal = check_causal(causal) is not None  # self-attention: Nq == Nk, both alignments agree
-    _check_layout(q.shape[-2], world_size, layout)
+    check_layout(q.shape[-2], world_size, layout)
     scale = check_scale(scale, q.shape[-1], q.dtype)
     if attend not in ATTEND:
         raise ValueError(f"attend must be one of {ATTEND}, got {attend!r}")
@@ -245,7 +245,7 @@ def parse(argv):
     except ImportError as exc:
         p.error(f"ring attention runs under torch.distributed, and torch is not installed ({exc})")
     try:
-        _check_layout(args.seq, args.gpus or args.cpu, args.layout)
+        check_layout(args.seq, args.gpus or args.cpu, args.layout)
     except ValueError as exc:
         p.error(f"--seq {args.seq}: {exc}")
     if args.gpus:

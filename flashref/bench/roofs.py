@@ -18,13 +18,13 @@ are in ``flashref/kernels/roofs/``.
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import numpy as np
 
 from ..gpu._runtime import require_gpu
 from ..gpu.registry import KERNEL_DIR, paste_includes
+from ._common import median_ms
 from .cli import ArgumentParser
 
 ROOF_DIR = KERNEL_DIR / "probes"  # the ceilings' microbenchmarks, beside the layout probes
@@ -38,18 +38,10 @@ def _source(name: str) -> str:
     return paste_includes(ROOF_DIR / name)
 
 
-def _time_ms(cp, launch, repeats: int = REPEATS) -> float:
-    launch()  # warm-up (and module load)
-    cp.cuda.runtime.deviceSynchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
+def time_ms(cp, launch, repeats: int = REPEATS) -> float:
+    """The median of ``repeats`` launches timed by CUDA events, after one warm-up launch
+    (``flashref.bench._common.median_ms``, the benchmarks' one timing median)."""
+    return median_ms(launch, cp.cuda.Event, repeats, warmup=1)
 
 
 def device_facts(cp) -> dict:
@@ -81,7 +73,7 @@ def mma_sync_roof(cp, sm_count: int) -> dict:
     blocks, iters, chains = sm_count * 8, 4096, 8
     out = cp.empty(blocks * 128, dtype=cp.float32)
     clocks = cp.zeros(2, dtype=cp.int64)
-    ms = _time_ms(cp, lambda: fn((blocks,), (128,), (regs, out, clocks, np.int32(iters))))
+    ms = time_ms(cp, lambda: fn((blocks,), (128,), (regs, out, clocks, np.int32(iters))))
     flops = blocks * 4 * iters * chains * 2 * 16 * 8 * 16
     cycles, ns = (int(x) for x in cp.asnumpy(clocks))
     return {"mma_sync_tflops": flops / (ms * 1e-3) / 1e12, "mma_sync_clock_ghz": cycles / ns}
@@ -98,7 +90,7 @@ def wgmma_roof(cp, sm_count: int) -> dict:
     tiles = cp.asarray(rng.standard_normal(4096 + 16384).astype(np.float16))
     blocks, iters = sm_count, 2048
     out = cp.empty(blocks * 256, dtype=cp.float32)
-    ms = _time_ms(cp, lambda: fn((blocks,), (256,), (tiles, out, np.int32(iters))))
+    ms = time_ms(cp, lambda: fn((blocks,), (256,), (tiles, out, np.int32(iters))))
     flops = blocks * 2 * iters * 4 * 2 * 64 * 256 * 16
     return {"wgmma_tflops": flops / (ms * 1e-3) / 1e12}
 
@@ -111,7 +103,7 @@ def l2_roof(cp, sm_count: int) -> dict:
     out = cp.empty(4, dtype=cp.uint32)
     n16 = n_bytes // 16
     args = (buf, np.int64(n16), np.int32(passes), out)
-    ms = _time_ms(cp, lambda: fn((sm_count * 4,), (256,), args))
+    ms = time_ms(cp, lambda: fn((sm_count * 4,), (256,), args))
     return {"l2_read_tbps": n_bytes * passes / (ms * 1e-3) / 1e12, "l2_buffer_bytes": n_bytes}
 
 
@@ -124,7 +116,7 @@ def hbm_roof(cp) -> dict:
     def run():
         cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, n, kind, 0)
 
-    ms = _time_ms(cp, run)
+    ms = time_ms(cp, run)
     return {"hbm_copy_tbps": 2 * n / (ms * 1e-3) / 1e12}
 
 

@@ -65,7 +65,7 @@ PROG = "python -m flashref.bench serving"
 OUT = Path("results/gpu_serving.json")
 
 
-def _pages(torch, k, ps, gen):
+def paged_pool(torch, k, ps, gen):
     """k (B, Hkv, Nk, D) as a pool of pages in a random order and its block table."""
     B, Hkv, Nk, d = k.shape
     n = Nk // ps
@@ -168,8 +168,8 @@ def decode_rows(ctx, dtype, rounds) -> list[dict]:
                 for ps in PAGE_SIZES:
                     plans = []
                     for q, k, v in inputs:
-                        kp, table = _pages(torch, k, ps, torch.Generator().manual_seed(7))
-                        vp, _ = _pages(torch, v, ps, torch.Generator().manual_seed(7))
+                        kp, table = paged_pool(torch, k, ps, torch.Generator().manual_seed(7))
+                        vp, _ = paged_pool(torch, v, ps, torch.Generator().manual_seed(7))
                         lengths = torch.full((B,), Nk, dtype=torch.int32, device="cuda")
                         plan = PagedDecodePlan(q, kp, vp, table, lengths)
                         plans.append((plan, q, kp, vp, table, lengths))
@@ -295,8 +295,8 @@ def _prefill_row(ctx, dtype, H, d, rounds) -> dict:
         torch.randn((1, H, PREFILL_N, d), generator=gen).to(getattr(torch, dtype)).cuda()
         for _ in range(3)
     )
-    kp, table = _pages(torch, k, PREFILL_PAGE, torch.Generator().manual_seed(5))
-    vp, _ = _pages(torch, v, PREFILL_PAGE, torch.Generator().manual_seed(5))
+    kp, table = paged_pool(torch, k, PREFILL_PAGE, torch.Generator().manual_seed(5))
+    vp, _ = paged_pool(torch, v, PREFILL_PAGE, torch.Generator().manual_seed(5))
     starts = range(0, PREFILL_N, PREFILL_CHUNK)
     chunks = [q[:, :, c : c + PREFILL_CHUNK].contiguous() for c in starts]
     lens = [torch.tensor([c + PREFILL_CHUNK], dtype=torch.int32, device="cuda") for c in starts]

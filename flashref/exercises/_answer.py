@@ -43,7 +43,7 @@ def type_name(obj) -> str:
     return f"{module}.{t.__qualname__}"
 
 
-def _not_an_array(got, what: str) -> str | None:
+def not_an_array(got, what: str) -> str | None:
     """Why ``got`` is not a plain ``ndarray``, or None if it is one."""
     if got is None:
         return RETURNED_NONE
@@ -65,7 +65,7 @@ def _not_an_array(got, what: str) -> str | None:
 
 def array_answer(got, shape: tuple, dtype=None, what: str = "O"):
     """Accept a plain float ndarray of ``shape``; ``dtype``, when given, exactly."""
-    problem = _not_an_array(got, what)
+    problem = not_an_array(got, what)
     if problem:
         return None, problem
     if got.shape != shape:

@@ -92,7 +92,7 @@ def softmax_inputs() -> list[SoftmaxInput]:
 # --- attention: one query, and the tiled loop -------------------------------------------
 
 
-def _project_scores(q, K, target):
+def project_scores(q, K, target):
     """Move each row of K along q so that its score ``K_j . q / sqrt(d)`` equals ``target[j]``."""
     d = q.shape[-1]
     s = K @ q / np.sqrt(d)  # (N,)
@@ -121,11 +121,11 @@ def one_query_cases():
     # maximum arrives in the last tile, so every earlier tile must be rescaled.
     q, K, V = rand(40, 8, 4)
     target = 990.0 + np.linspace(0.0, 10.0, 40) + 0.5 * rng.standard_normal(40)
-    cases.append(("large scores, maximum in the last tile", q, _project_scores(q, K, target), V, 8))
+    cases.append(("large scores, maximum in the last tile", q, project_scores(q, K, target), V, 8))
     # Scores near -1000: exp underflows to 0 without the shift.
     q, K, V = rand(29, 8, 4)
     target = -1000.0 + np.linspace(0.0, 6.0, 29) + 0.5 * rng.standard_normal(29)
-    cases.append(("large negative scores", q, _project_scores(q, K, target), V, 5))
+    cases.append(("large negative scores", q, project_scores(q, K, target), V, 5))
     return cases
 
 
@@ -161,7 +161,7 @@ def tiled_cases():
         q, k, v = rand(48, 48, 8, 4)
         direction = q.mean(axis=0)
         target = 990.0 + np.linspace(0.0, 10.0, 48)  # score of key j against the mean query
-        k = _project_scores(direction, k, target)
+        k = project_scores(direction, k, target)
         q = direction + 0.02 * (q - direction)  # queries close to the mean: similar scores
         cases.append(("large scores, maximum in the last tile", q, k, v, 16, 16, causal))
     return cases

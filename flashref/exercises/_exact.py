@@ -18,7 +18,7 @@ import numpy as np
 from ._answer import RETURNED_NONE, type_name
 from ._report import ALL_NAN, WIDTH, CheckResult
 from ._run import Case, check_callable, run
-from .ring import _name
+from .ring import name_mistakes
 
 
 def _is_int(x) -> bool:
@@ -109,7 +109,7 @@ def _mistakes(case, value) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _check(exercise, fn, signature, cases) -> CheckResult:
+def check_exercise(exercise, fn, signature, cases) -> CheckResult:
     check_callable(fn, signature)
     built = [_case(*case) for case in cases]
-    return run(exercise, partial(_table, fn), built, partial(_name, matches=_mistakes))
+    return run(exercise, partial(_table, fn), built, partial(name_mistakes, matches=_mistakes))

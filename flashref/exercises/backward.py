@@ -64,7 +64,7 @@ from ._backward_mistakes import (
     TWICE_SCALE_DK,
     WRONG_SKIP,
 )
-from ._cases import _project_scores
+from ._cases import project_scores
 from ._memory import NOT_TILED, UNTILED_KEYS, UNTILED_QUERIES, memory_verdict, name_untiled
 from ._parts import PartsCase, name_part_mistakes, parts_case
 from ._report import PRECISION, CheckResult
@@ -133,7 +133,7 @@ def tile_cases():
     for label, level in (("scores near 1000", 990.0), ("scores near -1000", -1000.0)):
         Q, K, V, dO = _random(rng, (6, 8), (40, 8), (40, 4), (6, 4))
         direction = Q.mean(axis=0)
-        K = _project_scores(direction, K, level + np.linspace(0.0, 10.0, 40))
+        K = project_scores(direction, K, level + np.linspace(0.0, 10.0, 40))
         Q = direction + 0.02 * (Q - direction)  # queries close to the mean: similar scores
         cases.append((label, Q, K, V, dO, 16, 32))
     return cases
@@ -206,7 +206,7 @@ def tiled_cases():
     for causal in (False, True):  # scores near 1000, the largest in the last key tile
         q, k, v, do = _random(rng, (48, 8), (48, 8), (48, 4), (48, 4))
         direction = q.mean(axis=0)
-        k = _project_scores(direction, k, 990.0 + np.linspace(0.0, 10.0, 48))
+        k = project_scores(direction, k, 990.0 + np.linspace(0.0, 10.0, 48))
         q = direction + 0.02 * (q - direction)
         cases.append(("scores near 1000", q, k, v, do, 16, 16, causal, False))
     return cases

@@ -33,10 +33,10 @@ import numpy as np
 from ..state import SoftmaxState
 from . import _beyond_mistakes as bm
 from ._answer import excess, state_answer
-from ._exact import _check
+from ._exact import check_exercise
 from ._report import CheckResult
 from ._run import Case, check_callable, checker, run
-from .ring import _name
+from .ring import name_mistakes
 from .softmax import RTOL, where_worst
 
 __all__ = ["check_warp_tiles", "check_lazy_update", "check_l2_walk"]
@@ -67,7 +67,7 @@ def check_warp_tiles(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_warp_tiles", fn, "fn(N, Br, Bc, warps) -> (skipped, total)", cases)
+    return check_exercise("check_warp_tiles", fn, "fn(N, Br, Bc, warps) -> (skipped, total)", cases)
 
 
 # --- Exercise 7.2 ----------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def check_lazy_update(fn) -> CheckResult:
     (see the module docstring)."""
     check_callable(fn, "fn(state, s, v, tau) -> SoftmaxState")
     cases = [_lazy_case(*c) for c in _lazy_cases()]
-    return run("check_lazy_update", fn, cases, partial(_name, matches=_lazy_mistakes))
+    return run("check_lazy_update", fn, cases, partial(name_mistakes, matches=_lazy_mistakes))
 
 
 # --- Exercise 7.3 ----------------------------------------------------------------------------
@@ -193,4 +193,4 @@ def check_l2_walk(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_l2_walk", fn, "fn(N, d, Br, heads) -> bytes", cases)
+    return check_exercise("check_l2_walk", fn, "fn(N, d, Br, heads) -> bytes", cases)

@@ -40,15 +40,15 @@ from ..kvcache import PagedKVCache
 from . import _decode_mistakes as dm
 from ._answer import (
     TIGHT,
-    _not_an_array,
     excess,
     first_wrong_o_lse,
+    not_an_array,
     o_lse_answer,
 )
 from ._report import CheckResult
 from ._run import Case, check_callable, checker, float32_band, run
 from .attention import TOL
-from .ring import _name
+from .ring import name_mistakes
 
 __all__ = ["check_combine_splits", "check_gqa_heads", "check_paged_gather"]
 
@@ -173,7 +173,7 @@ def check_combine_splits(fn) -> CheckResult:
     """
     check_callable(fn, "fn(O_s, lse_s) -> (O, lse)")
     cases = [_combine_case(*case) for case in _combine_cases()]
-    return run("check_combine_splits", fn, cases, partial(_name, matches=_combine_mistakes))
+    return run("check_combine_splits", fn, cases, partial(name_mistakes, matches=_combine_mistakes))
 
 
 # --- the grouped-query head mapping ----------------------------------------------------------
@@ -187,7 +187,7 @@ def _heads_text(H) -> str:
 def _heads_answer(got, Hq):
     if isinstance(got, tuple):
         return None, f"expected one array of K/V heads, got a tuple of {len(got)} values"
-    problem = _not_an_array(got, "the K/V heads")
+    problem = not_an_array(got, "the K/V heads")
     if problem:
         return None, problem
     if got.shape != (Hq,):
@@ -234,7 +234,7 @@ def check_gqa_heads(fn) -> CheckResult:
                 wrong=lambda Hq=Hq, Hkv=Hkv: dm.head_candidates(Hq, Hkv),
             )
         )
-    return run("check_gqa_heads", fn, cases, partial(_name, matches=_head_mistakes))
+    return run("check_gqa_heads", fn, cases, partial(name_mistakes, matches=_head_mistakes))
 
 
 # --- reading a paged cache --------------------------------------------------------------------
@@ -292,7 +292,7 @@ def _describe_gather(k_pages, table, L, expected, K):
 def _gather_answer(got, Hkv, d, dtype):
     if isinstance(got, tuple):
         return None, f"expected one array K, got a tuple of {len(got)} values (return K alone)"
-    problem = _not_an_array(got, "K")
+    problem = not_an_array(got, "K")
     if problem:
         return None, problem
     if got.ndim != 3 or got.shape[0] != Hkv or got.shape[2] != d:
@@ -344,4 +344,4 @@ def check_paged_gather(fn) -> CheckResult:
                     wrong=partial(dm.gather_candidates, k_pages, row, L),
                 )
             )
-    return run("check_paged_gather", fn, cases, partial(_name, matches=_gather_mistakes))
+    return run("check_paged_gather", fn, cases, partial(name_mistakes, matches=_gather_mistakes))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from ..hardware import hopper as hp
 from . import _hopper_mistakes as hm
-from ._exact import _check
+from ._exact import check_exercise
 from ._report import CheckResult
 from ._run import checker
 
@@ -67,7 +67,7 @@ def check_wgmma_accumulator(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_wgmma_accumulator", fn, "fn(thread, reg, n) -> (row, col)", cases)
+    return check_exercise("check_wgmma_accumulator", fn, "fn(thread, reg, n) -> (row, col)", cases)
 
 
 # --- the 128-byte swizzle ----------------------------------------------------------------------
@@ -93,7 +93,7 @@ def check_swizzle_offset(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_swizzle_offset", fn, "fn(r, c) -> byte offset", cases)
+    return check_exercise("check_swizzle_offset", fn, "fn(r, c) -> byte offset", cases)
 
 
 # --- the ring's barriers -----------------------------------------------------------------------
@@ -125,7 +125,7 @@ def check_ring_parity(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_ring_parity", fn, "fn(t, stages) -> (buffer, parity)", cases)
+    return check_exercise("check_ring_parity", fn, "fn(t, stages) -> (buffer, parity)", cases)
 
 
 def _producer_effect(point, value) -> str:
@@ -156,7 +156,7 @@ def check_producer_wait(fn) -> CheckResult:
                 _producer_effect,
             )
         )
-    return _check("check_producer_wait", fn, "fn(t, stages) -> (stage, parity)", cases)
+    return check_exercise("check_producer_wait", fn, "fn(t, stages) -> (stage, parity)", cases)
 
 
 # --- wgmma.wait_group<N> -----------------------------------------------------------------------
@@ -201,4 +201,4 @@ def check_wait_group(fn) -> CheckResult:
                 _wait_effect,
             )
         )
-    return _check("check_wait_group", fn, "fn(groups, needed) -> N", cases)
+    return check_exercise("check_wait_group", fn, "fn(groups, needed) -> N", cases)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..hardware import fragments as fr
 from . import _mma_mistakes as mm
-from ._exact import _check
+from ._exact import check_exercise
 from ._report import CheckResult
 from ._run import checker
 
@@ -52,4 +52,6 @@ def check_mma_fragment(fn) -> CheckResult:
             None,
         ),
     ]
-    return _check("check_mma_fragment", fn, "fn(operand, lane, reg, half) -> (row, col)", cases)
+    return check_exercise(
+        "check_mma_fragment", fn, "fn(operand, lane, reg, half) -> (row, col)", cases
+    )

@@ -39,12 +39,12 @@ from ..ring import shard_positions
 from . import _ring_mistakes as rm
 from ._answer import (
     TIGHT,
-    _not_an_array,
     excess,
     first_wrong_o_lse,
+    not_an_array,
     o_lse_answer,
 )
-from ._cases import _project_scores
+from ._cases import project_scores
 from ._report import CheckResult, Failure
 from ._run import Case, check_callable, checker, float32_band, run
 from .attention import TOL
@@ -69,7 +69,7 @@ def _positions_answer(got, n):
     """Accept a plain integer ndarray of shape ``(n,)``."""
     if isinstance(got, tuple):
         return None, f"expected one array of positions, got a tuple of {len(got)} values"
-    problem = _not_an_array(got, "the positions")
+    problem = not_an_array(got, "the positions")
     if problem:
         return None, problem
     if got.shape != (n,):
@@ -98,7 +98,7 @@ def _positions_case(label, args, expected, blocks, wrong) -> Case:
     )
 
 
-def _name(result: CheckResult, ran, matches) -> None:
+def name_mistakes(result: CheckResult, ran, matches) -> None:
     """Name, on each failing case, the mistakes ``matches(case, value)`` finds there.
 
     A mistake found on every failing case explains them all and is the one named
@@ -158,7 +158,9 @@ def check_held_positions(fn) -> CheckResult:
             cases.append(
                 _positions_case(label, (N, W, layout, s, r), shards[(r - s) % W], shards, wrong)
             )
-    return run("check_held_positions", fn, cases, partial(_name, matches=_position_mistakes))
+    return run(
+        "check_held_positions", fn, cases, partial(name_mistakes, matches=_position_mistakes)
+    )
 
 
 ZIGZAG = [(4, 1, 0), (8, 2, 0), (8, 2, 1), (12, 3, 0), (12, 3, 1), (12, 3, 2), (24, 4, 1)]
@@ -179,7 +181,9 @@ def check_zigzag_positions(fn) -> CheckResult:
         label = f"N={N}, world_size={W}, device={r}"
         wrong = lambda N=N, W=W, r=r: rm.zigzag_candidates(N, W, r)  # noqa: E731
         cases.append(_positions_case(label, (N, W, r), shards[r], [], wrong))
-    return run("check_zigzag_positions", fn, cases, partial(_name, matches=_position_mistakes))
+    return run(
+        "check_zigzag_positions", fn, cases, partial(name_mistakes, matches=_position_mistakes)
+    )
 
 
 # --- one device, one step ----------------------------------------------------------------------
@@ -278,7 +282,7 @@ def _step_cases():
     P = shard_positions(32, 2, "zigzag")[1]  # (16,)
     Q, K, V = _qkv(rng, P, P, 8, 4)
     direction = Q.mean(axis=0)
-    K = _project_scores(direction, K, 990.0 + np.linspace(0.0, 10.0, len(P)))
+    K = project_scores(direction, K, 990.0 + np.linspace(0.0, 10.0, len(P)))
     Q = direction + 0.02 * (Q - direction)  # queries close to the mean: similar scores
     cases.append(("scores near 1000, W=2, device 1 at step 0", Q, P, K, V, P, True))
     return cases
@@ -303,4 +307,4 @@ def check_device_step(fn) -> CheckResult:
     """
     check_callable(fn, "fn(Q, P_q, K, V, P_k, causal) -> (O, lse)")
     cases = [_step_case(*case) for case in _step_cases()]
-    return run("check_device_step", fn, cases, partial(_name, matches=_step_mistakes))
+    return run("check_device_step", fn, cases, partial(name_mistakes, matches=_step_mistakes))

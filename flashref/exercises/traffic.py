@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .. import io_model as io
 from . import _traffic_mistakes as tm
-from ._exact import _check
+from ._exact import check_exercise
 from ._report import CheckResult
 from ._run import checker
 
@@ -53,7 +53,7 @@ def check_crossing_memory(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_crossing_memory", fn, "fn(N, d, order) -> M", cases)
+    return check_exercise("check_crossing_memory", fn, "fn(N, d, order) -> M", cases)
 
 
 # (Nq, Nk, d, Br) and the key tile widths Bc tried with each
@@ -88,7 +88,9 @@ def check_q_outer_traffic(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_q_outer_traffic", fn, "fn(Nq, Nk, d, Br, Bc) -> (bytes, key_tiles)", cases)
+    return check_exercise(
+        "check_q_outer_traffic", fn, "fn(Nq, Nk, d, Br, Bc) -> (bytes, key_tiles)", cases
+    )
 
 
 def _largest_fitting(d: int, l2_bytes: int, heads: int) -> int:
@@ -129,4 +131,4 @@ def check_l2_fit(fn) -> CheckResult:
                 None,
             )
         )
-    return _check("check_l2_fit", fn, "fn(d, l2_bytes, heads) -> N", cases)
+    return check_exercise("check_l2_fit", fn, "fn(d, l2_bytes, heads) -> N", cases)

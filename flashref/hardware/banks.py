@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .fragments import WARP_SIZE, _row_starts
+from .fragments import WARP_SIZE, row_starts
 
 BANKS, BANK_BYTES = 32, 4
 ELEMENT_BYTES = 2  # fp16 and bf16
@@ -42,7 +42,7 @@ def _lds(lds) -> int:
 
 def row_bytes(address: Callable[[int], tuple[int, int]], lds: int) -> np.ndarray:
     """(32,) the byte offset from the tile's start of each lane's 16-byte row."""
-    rows = _row_starts(address)  # (32, 2): (row, col) in elements
+    rows = row_starts(address)  # (32, 2): (row, col) in elements
     return (rows[:, 0] * _lds(lds) + rows[:, 1]) * ELEMENT_BYTES  # (32,)
 
 

@@ -29,7 +29,7 @@ from .fragments import (
 WIDTH_IN, DPI = 8.0, 100  # the book's page: about 800 pixels
 
 
-def _lane_colours() -> np.ndarray:
+def lane_colours() -> np.ndarray:
     """(32, 3) RGB: one hue per group g = lane // 4, lighter as t = lane % 4 grows."""
     from matplotlib import colormaps
 
@@ -51,7 +51,7 @@ def _grid(ax, lane_of, labels, x0: float, fontsize: float, col0: int = 0) -> Non
     """Cells coloured by owner lane, labelled; thick lines around each 8 x 8 block."""
     from matplotlib.patches import Rectangle
 
-    colours = _lane_colours()
+    colours = lane_colours()
     rows, cols = lane_of.shape
     for (r, c), lane in np.ndenumerate(lane_of):
         ax.add_patch(Rectangle((x0 + c, r), 1, 1, facecolor=colours[lane], edgecolor="white"))

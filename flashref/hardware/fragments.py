@@ -145,7 +145,7 @@ def v_address(lane, kk=0, n=0) -> tuple[int, int]:
     return kk * 16 + lane % 8 + ((lane // 8) % 2) * 8, n * 8 + (lane // 16) * 8
 
 
-def _row_starts(address) -> np.ndarray:
+def row_starts(address) -> np.ndarray:
     """(32, 2): the (row, col) that each lane's address points at."""
     if not callable(address):
         raise TypeError(f"address must be a function of the lane, got {type(address).__name__}")
@@ -160,7 +160,7 @@ def ldmatrix_x4_load(address: Callable[[int], tuple[int, int]], trans=False) -> 
 
     Returns src (32, 4, 2, 2): src[lane, reg, half] = (row, col) in the tile.
     """
-    rows = _row_starts(address)  # (32, 2): (row, col) of each lane's 16-byte row
+    rows = row_starts(address)  # (32, 2): (row, col) of each lane's 16-byte row
     src = np.empty((WARP_SIZE, 4, 2, 2), dtype=np.int64)  # (lane, reg, half, 2)
     for lane in range(WARP_SIZE):
         for reg in range(4):
@@ -177,7 +177,7 @@ def ldmatrix_x4_blocks(address: Callable[[int], tuple[int, int]]) -> np.ndarray:
     Raises ValueError if the 8 lanes of a matrix do not point at 8 consecutive rows
     of one column block (ldmatrix allows that; the kernels never do it).
     """
-    starts = _row_starts(address).reshape(4, 8, 2)  # (matrix, row, 2)
+    starts = row_starts(address).reshape(4, 8, 2)  # (matrix, row, 2)
     consecutive = (starts[:, :, 0] == starts[:, :1, 0] + np.arange(8)).all(axis=1)  # (4,)
     one_column = (starts[:, :, 1] == starts[:, :1, 1]).all(axis=1)  # (4,)
     bad = np.flatnonzero(~(consecutive & one_column))

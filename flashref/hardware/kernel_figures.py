@@ -19,7 +19,7 @@ from . import banks as bk
 from . import cp_async_ring as cr
 from . import fragments as fr
 from . import warp_split as ws
-from .fragment_figures import _lane_colours
+from .fragment_figures import lane_colours
 
 WIDTH_IN, DPI = 8.0, 100
 STEP = 1.5  # drawing units of one loop iteration of draw_cp_async_ring
@@ -115,7 +115,7 @@ def draw_bank_map(name: str = "Q", d: int = 64, matrix: int = 0, strides=None):
     if matrix not in range(4):
         raise ValueError(f"matrix must be in 0..3, got {matrix!r}")
     lanes = range(8 * matrix, 8 * matrix + 8)
-    colours = _lane_colours()
+    colours = lane_colours()
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 2.3), dpi=DPI)
     strides = bank_map_strides(d) if strides is None else strides
     for ax, version in zip(axes, (3, 4), strict=True):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from .._checks import check_block
-from .pingpong import Event, _schedule, producer_loads
+from .pingpong import Event, producer_loads, run_schedule
 
 NWG = 3  # consumer warpgroups of version 28
 Tiles3 = list[tuple[int, tuple[int, int, int]]]  # (n_tiles, (n_mine of warpgroup 0, 1, 2)) each
@@ -95,4 +95,4 @@ def run_blocks3(
     tiles = _tiles3(tiles)
     stages = check_block(stages, "stages", 1)
     progs = [iter(program(cw, tiles)) for cw in range(NWG)]
-    return _schedule(progs, producer_loads(tiles), stages, f"work tiles {tiles}")
+    return run_schedule(progs, producer_loads(tiles), stages, f"work tiles {tiles}")

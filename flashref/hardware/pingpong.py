@@ -110,7 +110,7 @@ def run(
     n_mine = _split(n_mine, n_tiles, "n_mine")
     stages = check_block(stages, "stages", 1)
     progs = [iter(program(cw, n_tiles, n_mine[cw])) for cw in (0, 1)]
-    return _schedule(
+    return run_schedule(
         progs, [("load", j) for j in range(n_tiles)], stages, f"n_tiles {n_tiles}, n_mine {n_mine}"
     )
 
@@ -121,7 +121,7 @@ def _split(n_mine, n_tiles: int, name: str) -> tuple[int, int]:
     return tuple(check_block(n, f"{name}[{cw}]", 1, n_tiles) for cw, n in enumerate(n_mine))
 
 
-def _schedule(progs: list, loads: list[tuple], stages: int, what: str) -> list[Event]:
+def run_schedule(progs: list, loads: list[tuple], stages: int, what: str) -> list[Event]:
     """The consumer programs beside a producer issuing ``loads`` in order: ("load", j) once
     K/V tile j - stages is released by every warpgroup, ("load_q", n) once all have freed
     Q of work tile n - 1."""
@@ -273,7 +273,7 @@ def run_blocks(
     tiles = _work_tiles(tiles)
     stages = check_block(stages, "stages", 1)
     progs = [iter(program(cw, tiles)) for cw in (0, 1)]
-    return _schedule(progs, producer_loads(tiles), stages, f"work tiles {tiles}")
+    return run_schedule(progs, producer_loads(tiles), stages, f"work tiles {tiles}")
 
 
 def producer_loads(tiles) -> list[tuple]:

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..gpu import flash_attention
-from .simulate import _check_layout, shard_positions
+from .simulate import check_layout, shard_positions
 
 
 def merge(O_a, lse_a, O_b, lse_b):
@@ -154,7 +154,7 @@ def ring_forward(q, k, v, *, N, causal, layout, attend, scale=None, timings=None
         raise ValueError("this process is not a member of group: call ring_forward on its ranks")
     send_to = _global(group, (rank + 1) % W)
     recv_from = _global(group, (rank - 1) % W)
-    _check_layout(N, W, layout)
+    check_layout(N, W, layout)
     if q.shape[-2] * W != N:
         raise ValueError(
             f"q has {q.shape[-2]} queries; a shard of N = {N} over {W} ranks has {N // W}"

@@ -75,7 +75,7 @@ class RingSchedule:
         return len(self.positions)
 
 
-def _check_layout(N: int, world_size, layout) -> int:
+def check_layout(N: int, world_size, layout) -> int:
     """Validate world size and layout for a sequence of ``N``; return ``world_size`` as an int."""
     W = check_block(world_size, "world_size")
     if not isinstance(layout, str):
@@ -104,7 +104,7 @@ def shard_positions(N: int, world_size: int, layout: str = "contiguous") -> list
         raise TypeError(f"N must be an int, got {type(N).__name__}")
     if N < 0:
         raise ValueError(f"N must be >= 0, got {N}")
-    W = _check_layout(N, world_size, layout)
+    W = check_layout(N, world_size, layout)
     if layout == "contiguous":
         return list(np.arange(N).reshape(W, N // W))  # W blocks (N/W,)
     chunks = np.arange(N).reshape(2 * W, N // (2 * W))  # (2W, N/2W)
@@ -163,7 +163,7 @@ def ring_attention(
             f"{q.shape} with {q.shape[-2]} queries and k {k.shape} with {k.shape[-2]} keys"
         )
     N, d, dv, batch = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[:-2]
-    W = _check_layout(N, world_size, layout)
+    W = check_layout(N, world_size, layout)
     acc = accumulation_dtype(out_dtype)
     scale = check_scale(scale, d, acc)
     Br, Bc = check_block(block_q, "block_q"), check_block(block_k, "block_k")

@@ -68,13 +68,13 @@ def test_the_model_is_the_brute_force_count(Nq, Nk, Bc, Br, causal, slices):
 @pytest.mark.parametrize("Nq,Nk,Bc,Br", SHAPES)
 def test_the_pairs_are_the_numpy_loops_tiles_in_its_order(Nq, Nk, Bc, Br, causal, monkeypatch):
     seen = []
-    allowed = backward._allowed
+    allowed = backward.allowed_pairs
 
     def recording(mask, causal_, rows, cols, *more):
         seen.append((rows.start // Br, cols.start // Bc))
         return allowed(mask, causal_, rows, cols, *more)
 
-    monkeypatch.setattr(backward, "_allowed", recording)
+    monkeypatch.setattr(backward, "allowed_pairs", recording)
     q, k = np.zeros((Nq, 2)), np.zeros((Nk, 2))
     o, lse = np.zeros((Nq, 2)), np.zeros(Nq)
     tiled_attention_backward(q, k, k, o, lse, o, block_q=Br, block_k=Bc, causal=causal)

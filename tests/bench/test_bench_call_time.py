@@ -116,12 +116,17 @@ def test_table_shows_host_and_kernel_times(tmp_path, capsys):
 
 
 def test_meta_states_both_rules():
-    cp = SimpleNamespace(
-        __version__="x",
-        cuda=SimpleNamespace(
-            runtime=SimpleNamespace(driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 13000)
-        ),
+    runtime = SimpleNamespace(
+        driverGetVersion=lambda: 13000,
+        runtimeGetVersion=lambda: 13000,
+        getDeviceProperties=lambda i: {"name": b"G"},
     )
-    meta = bench._meta(cp, None, {"gpu": "G", "sm_count": 132}, 4000.0, 3000.0, [6])
+    device = SimpleNamespace(id=0)
+    cp = SimpleNamespace(
+        __version__="x", cuda=SimpleNamespace(runtime=runtime, Device=lambda: device)
+    )
+    meta = bench.run_meta(cp, None, {"gpu": "G", "sm_count": 132}, 4000.0, 3000.0, [6])
+    assert meta["gpu"] == "G" and meta["decode_versions"] == [6]  # provenance's, then its own
+    assert set(meta["sources"]) == {"decode/6"}
     assert "perf_counter" in meta["host_rule"] and f"{bench.HOST_CALLS} calls" in meta["host_rule"]
     assert "torch.profiler" in meta["kernel_rule"] and "copies and memsets" in meta["kernel_rule"]

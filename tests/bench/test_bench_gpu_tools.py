@@ -32,7 +32,7 @@ def test_kernels_are_split_at_the_markers_and_summed(tmp_path, monkeypatch):
     import csv
 
     rows = list(csv.reader(lines))
-    kernels = [{h: ncu._number(v) for h, v in zip(rows[0], r, strict=True)} for r in rows[2:]]
+    kernels = [{h: ncu.ncu_number(v) for h, v in zip(rows[0], r, strict=True)} for r in rows[2:]]
     groups = ncu.group_by_case(kernels, 2)
     assert [len(g) for g in groups] == [1, 2]
     one, two = ncu.summarise(groups[0]), ncu.summarise(groups[1])

@@ -62,7 +62,7 @@ def test_profile_hopper_keeps_listed_counters_and_prints_the_tensor_pipe(
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {"gpu": "a GPU"})
+    monkeypatch.setattr(profile, "run_meta", lambda cp, **measured: {"gpu": "a GPU"})
     monkeypatch.setattr(ncu.subprocess, "run", fake_run)
     monkeypatch.setattr(profile, "profile", fake_profile)
     monkeypatch.setattr(ncu, "profile", fake_profile)

@@ -54,19 +54,19 @@ def test_walk_equals_closed_form(Nq, Nk, d, dv, Br, Bc, causal, order):
 
 
 def loads_by_library(fn, q, k, v, **kwargs):
-    """Elements of q, k and v that ``fn`` loads tile by tile (it loads through ``_load``)."""
+    """Elements of q, k and v that ``fn`` loads tile by tile (it loads through ``load_tile``)."""
     names, seen = {id(q): "Q", id(k): "K", id(v): "V"}, Counter()
-    original = flashref.attention._load
+    original = flashref.attention.load_tile
 
     def recording(x, rows, dtype, scale=None):
         seen[names[id(x)]] += len(rows) * x.shape[-1]
         return original(x, rows, dtype, scale)
 
-    flashref.attention._load = recording
+    flashref.attention.load_tile = recording
     try:
         fn(q, k, v, **kwargs)
     finally:
-        flashref.attention._load = original
+        flashref.attention.load_tile = original
     return dict(seen)
 
 

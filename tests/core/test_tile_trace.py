@@ -40,8 +40,18 @@ def test_the_q_outer_key_loads_are_io_models_count():
 
 
 def test_the_library_is_restored():
-    before = (attention._prepare, attention._load, attention._store, SoftmaxState.update)
+    before = (
+        attention.prepare_inputs,
+        attention.load_tile,
+        attention.store_tile,
+        SoftmaxState.update,
+    )
     trace_tiles("kv_outer", 5, 5, 2, 2)
     with pytest.raises(ValueError, match="order must be"):
         trace_tiles("rows", 5, 5, 2, 2)
-    assert (attention._prepare, attention._load, attention._store, SoftmaxState.update) == before
+    assert (
+        attention.prepare_inputs,
+        attention.load_tile,
+        attention.store_tile,
+        SoftmaxState.update,
+    ) == before

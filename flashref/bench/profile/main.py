@@ -46,10 +46,10 @@ from .. import cli
 from ..cli import ArgumentParser
 from .ncu import (
     PROFILE_SHAPE,
-    _meta,
     print_cases,
     profile,
     profile_with_extras,
+    run_meta,
 )
 
 # the backward's extra counters: dQ's float32 reductions (red.global) at L2 and L1, and the
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli.missing(PROG, f"{what} toolkit (nsight-compute): put its folder on PATH")
 
     cp = _runtime.require_gpu()  # looked up at the call: tests stand a GPU in for it
-    meta = _meta(cp, **measured_families(args))
+    meta = run_meta(cp, **measured_families(args))
     env_note = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ}
     meta.update(env_note)
     if args.source is not None:  # with --backward: backward version N's main kernel

@@ -5,16 +5,14 @@ what every ``python -m flashref.bench profile`` mode shares (``main``, ``decode`
 from __future__ import annotations
 
 import csv
-import datetime
 import json
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from ..provenance import tree
+from ..provenance import provenance
 
 NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats")
 
@@ -62,7 +60,7 @@ def available_metrics(wanted, listing: str) -> tuple[list[str], list[str]]:
     return have, [m for m in wanted if m not in have]
 
 
-def _number(text: str):
+def ncu_number(text: str):
     text = text.replace(",", "").strip()
     try:
         return float(text)
@@ -102,7 +100,7 @@ def run_ncu(plan: list[dict], workdir: Path, metrics=NCU_METRICS, sections=NCU_S
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith('"')]
     rows = list(csv.reader(lines))
     header, body = rows[0], rows[2:]  # rows[1] holds the units
-    return [{h: _number(v) for h, v in zip(header, r, strict=False)} for r in body]
+    return [{h: ncu_number(v) for h, v in zip(header, r, strict=False)} for r in body]
 
 
 def group_by_case(kernels: list[dict], n_cases: int) -> list[list[dict]]:
@@ -139,7 +137,7 @@ def summarise(kernels: list[dict], metrics=NCU_METRICS) -> dict:
     return out
 
 
-def _meta(cp, forward=(), backward=(), decode=()) -> dict:
+def run_meta(cp, forward=(), backward=(), decode=()) -> dict:
     """Where the profile ran (GPU, driver, ncu, versions, date) and the commit and source hashes
     of the kernel versions it measured (``provenance.tree``: ``"all"`` for a whole family), so
     that editing a kernel the run did not measure leaves its file valid."""
@@ -151,25 +149,16 @@ def _meta(cp, forward=(), backward=(), decode=()) -> dict:
     ).stdout.strip()
     try:
         import torch
-
-        torch_version = torch.__version__
     except ImportError:
-        torch_version = None
+        torch = None
     props = cp.cuda.runtime.getDeviceProperties(0)
-    return {
-        "gpu": props["name"].decode(),
+    return provenance(cp, torch, forward=forward, backward=backward, decode=decode) | {
         "nvidia_smi": smi,
-        "driver": smi.split(",")[-1].strip() if smi else None,
-        "torch": torch_version,
         "l2_cache_bytes": int(props["l2CacheSize"]),
         "ncu": version.splitlines()[-1] if version else None,
-        "cupy": cp.__version__,
-        "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(),
         "clock_control": "none (clocks as the GPU sets them)",
         "metrics": list(NCU_METRICS),
         "sections": list(NCU_SECTIONS),
-        **tree(forward, backward, decode),
     }
 
 

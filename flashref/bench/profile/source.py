@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .ncu import _number
+from .ncu import ncu_number
 
 SOURCE_SECTIONS = ("SourceCounters", "WarpStateStats")
 
@@ -46,10 +46,10 @@ def summarise_source_csv(text: str) -> list[dict]:
             if not words:
                 continue
             op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
-            samples = _number(r[col["Warp Stall Sampling (All Samples)"]]) or 0.0
+            samples = ncu_number(r[col["Warp Stall Sampling (All Samples)"]]) or 0.0
             by_op[op] += samples
             for st in stalls:
-                v = _number(r[col[st]]) or 0.0
+                v = ncu_number(r[col[st]]) or 0.0
                 by_stall[st[6:]] += v
                 op_stall[op][st[6:]] += v
         total = sum(by_op.values()) or 1.0
