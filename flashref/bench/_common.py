@@ -1,10 +1,13 @@
-"""What the forward, backward and decode benchmarks share: the shapes, the timing of one
-config, the SM clock sampler, and torch's SDPA when it is there."""
+"""What the benchmarks share: the shapes, the timing of one config (``median_ms``, the one
+timing median of events), the SM clock sampler, torch's SDPA when it is there, and the
+writing of a results file (``write_result``)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
+from pathlib import Path
 
 HEADS = 16
 REPEATS = 10  # calls per timing; each round's number is their median
@@ -32,6 +35,14 @@ def median_ms(run, make_event, repeats: int, warmup: int) -> float:
         end.synchronize()
         times.append((start, end))
     return statistics.median(elapsed_ms(s, e) for s, e in times)
+
+
+def write_result(result, path) -> None:
+    """``result`` as indented JSON at ``path`` (its folders made), ending in a newline: how
+    every program writes what it measured (``flashref.recorded.files.read_json`` reads it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def elapsed_ms(start, end) -> float:

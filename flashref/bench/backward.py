@@ -29,7 +29,6 @@ checks). Writes JSON (schema in ``write_json``) to ``results/gpu_backward.json``
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -42,7 +41,16 @@ from flashref.gpu.backward import get_functions, launch_backward
 from flashref.gpu.backward_versions import default_bwd_version
 from flashref.gpu.forward import resolve_version as forward_version
 
-from ._common import HEADS, REPEATS, ClockSampler, batch, flops, import_torch, median_ms
+from ._common import (
+    HEADS,
+    REPEATS,
+    ClockSampler,
+    batch,
+    flops,
+    import_torch,
+    median_ms,
+    write_result,
+)
 from .cli import ArgumentParser
 from .provenance import provenance
 
@@ -295,8 +303,7 @@ def write_json(result: dict, path: Path) -> None:
     batch_rule, shapes, timing, tflops_rule, sm_clock_during_benchmark}, "rows": [{impl,
     direction, version, dtype, d, causal, N, B, H, ms, ms_min, ms_max, round_ms, tflops,
     rel_diff_to_flash?}]}"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from ..gpu import _runtime
 from ..gpu.backward_versions import default_bwd_version
 from ..gpu.decode.versions import default_decode_version
 from ..gpu.forward_versions import default_forward_version
-from ._common import ClockSampler
+from ._common import ClockSampler, write_result
 from .cli import ArgumentParser
 from .provenance import provenance
 from .roofs import device_facts
@@ -576,6 +576,6 @@ def main(argv=None) -> int:
             print(json.dumps(record[name], indent=1)[:4000], flush=True)
     record["meta"]["sm_clock"] = clocks.summary()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_result(record, args.out)
     print(f"wrote {args.out}")
     return 0

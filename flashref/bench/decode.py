@@ -46,7 +46,6 @@ Writes ``results/gpu_decode.json`` (schema in ``write_json``) or ``--out``.
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -63,7 +62,7 @@ from flashref.gpu.decode import (
 
 from ..gpu.decode import VERSIONS
 from ..recorded.decode import impl_names
-from ._common import ClockSampler, import_torch, median_ms
+from ._common import ClockSampler, import_torch, median_ms, write_result
 from .cli import ArgumentParser
 from .provenance import provenance
 from .roofs import ROOF_DIR, device_facts, hbm_roof, time_ms
@@ -560,8 +559,7 @@ def write_json(result: dict, path: Path) -> None:
     graph_note?, rel_diff_to_flashref?, ratio_to_cudnn, fraction_of_read, fraction_of_copy,
     graph_ratio_to_cudnn, graph_fraction_of_read}]} (host_us, kernel_us, graph_*: None where
     not measured); meta also holds graph_rule"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, path)
 
 
 def main(argv: list[str] | None = None) -> int:

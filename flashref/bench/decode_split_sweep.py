@@ -14,7 +14,6 @@ run. Prints microseconds per call and writes the rows (with provenance) to ``--o
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from flashref.gpu.decode import (
     decode_plan,
 )
 
+from ._common import write_result
 from .cli import ArgumentParser
 
 SHAPES = (
@@ -154,6 +154,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        write_result({"meta": meta, "rows": rows}, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -51,6 +51,7 @@ from ._common import (
     flops,
     import_torch,
     median_ms,
+    write_result,
 )
 from .cli import ArgumentParser
 from .provenance import provenance
@@ -409,8 +410,7 @@ def write_json(result: dict, path: Path) -> None:
     "rows": [{impl, label, family, version, dtype, run_dtype, d, causal, N, B, H, ms, round_ms,
     spread, tflops, ratio_to_flash, skipped, rel_diff_to_flash?}],
     "cold": [{impl, d, N, B, compile_load_run_ms, load_run_ms}]}"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, path)
 
 
 def main(argv: list[str] | None = None) -> int:

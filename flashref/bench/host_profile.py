@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import io
-import json
 import pstats
 import types
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import flashref.gpu as fg
 
 from ..gpu import _driver, _runtime
+from ._common import write_result
 from .calls import default_versions
 from .cli import ArgumentParser
 from .provenance import provenance
@@ -290,6 +290,6 @@ def main(argv=None) -> int:
                 )
         print(buf.getvalue(), end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_result(record, args.out)
     print(f"wrote {args.out}")
     return 0

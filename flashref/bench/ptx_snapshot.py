@@ -38,6 +38,7 @@ from ..gpu.decode import versions as decode
 from ..gpu.forward_versions import VERSIONS
 from ..gpu.registry import DTYPE_DEFINES, KERNEL_DIR, paste_includes
 from . import cli
+from ._common import write_result
 from .cli import ArgumentParser
 
 SM90 = "-arch=sm_90"
@@ -104,7 +105,7 @@ def snapshot(folder: Path, jobs=None) -> dict:
     }
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
     manifest = {"nvcc": nvcc.strip().splitlines()[-1], "ptx_sha256": digests}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_result(manifest, folder / "manifest.json")
     return manifest
 
 

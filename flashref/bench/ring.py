@@ -50,6 +50,7 @@ from ..gpu import gpu_unavailable_reason
 from ..gpu.forward import resolve_version
 from ..ring.simulate import check_layout
 from . import ring_check
+from ._common import write_result
 from .cli import ArgumentParser
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -374,6 +375,6 @@ def main(argv=None) -> int:
     ring_check.print_table(result)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(result, args.out)
         print(f"wrote {args.out}")
     return 0 if result.get("check", {}).get("passed", True) else 1

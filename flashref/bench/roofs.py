@@ -17,14 +17,13 @@ are in ``flashref/kernels/roofs/``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..gpu._runtime import require_gpu
 from ..gpu.registry import KERNEL_DIR, paste_includes
-from ._common import median_ms
+from ._common import median_ms, write_result
 from .cli import ArgumentParser
 
 ROOF_DIR = KERNEL_DIR / "probes"  # the ceilings' microbenchmarks, beside the layout probes
@@ -139,5 +138,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:28s} {v:.3f}" if isinstance(v, float) else f"{k:28s} {v}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(result, args.out)
     return 0

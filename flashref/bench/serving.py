@@ -35,7 +35,6 @@ source and of the kernels that are not numbered versions (``other_sources``: the
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -48,7 +47,7 @@ from flashref.transformer.booktext import CharCorpus, book_text
 from flashref.transformer.generate import GENERATORS, generator, greedy_logits
 from flashref.transformer.model import VAL_SEED, Config, train
 
-from ._common import ClockSampler, import_torch
+from ._common import ClockSampler, import_torch, write_result
 from .cli import ArgumentParser
 from .provenance import provenance, source_hash
 from .roofs import device_facts, hbm_roof
@@ -585,6 +584,6 @@ def main(argv=None) -> int:
         p.error("--rounds must be at least 1")
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out)
     print_table(result)
     return 0

@@ -16,7 +16,6 @@ device and CuPy.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from ..gpu._runtime import device_cc
@@ -25,7 +24,7 @@ from ..gpu.forward import resolve_version
 from ..transformer.booktext import CharCorpus, book_text
 from ..transformer.model import Config, train_in_turn
 from . import provenance as prov
-from ._common import ClockSampler
+from ._common import ClockSampler, write_result
 from .cli import ArgumentParser
 
 PROG = "python -m flashref.bench training"
@@ -86,6 +85,6 @@ def main(argv=None) -> int:
         result = compare(steps=args.steps, seed=args.seed, dtype=args.dtype)
     result["meta"]["sm_clock"] = clocks.summary()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out)
     print(f"wrote {args.out}")
     return 0

@@ -27,7 +27,6 @@ steps on the CPU (a check of the tool, not a measurement for the book).
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import statistics
 import time
@@ -39,6 +38,7 @@ from flashref.bench.provenance import git_commit
 from flashref.transformer import model as charmodel
 
 from . import cli
+from ._common import write_result
 from .cli import ArgumentParser
 
 API_PREFIXES = ("cuda", "cu")  # the CUDA runtime's and driver's calls, as the profiler names them
@@ -229,6 +229,6 @@ def main(argv=None) -> int:
     if args.out:
         meta = provenance(args.device, args.steps) | {"sm_clock": clocks.summary()}
         data = {"meta": meta, "runs": runs}
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        write_result(data, args.out)
         print(f"wrote {args.out}")
     return 0

@@ -47,7 +47,7 @@ def device_facts() -> tuple[tuple[int, int], str, int]:
     return _device_facts[dev.id]
 
 
-def _sm_count() -> int:
+def sm_count() -> int:
     """The current device's number of SMs (asked once per device)."""
     return device_facts()[2]
 
@@ -175,7 +175,7 @@ def launch(ver, q, k, v, O, lse, *, causal: bool, scale: float) -> None:
     lse2 = lse.reshape(BH, Nq)
     fn = get_function(ver, d, q.dtype)
     smem = ver.smem_bytes(d)
-    sms = _sm_count() if ver.persistent else 1  # a persistent grid's cap (others: unused)
+    sms = sm_count() if ver.persistent else 1  # a persistent grid's cap (others: unused)
     if MAX_PERSISTENT_BLOCKS is not None:
         sms = min(sms, MAX_PERSISTENT_BLOCKS)
     for b0 in range(0, BH, MAX_GRID_Y):

@@ -173,7 +173,7 @@ class _Plan(_host.Plan):
         ver, d = self.ver, self.d
         with self.on_device():
             self.fn = _launch.get_function(ver, d, self.dtype)
-            sms = _launch._sm_count() if ver.persistent else 1
+            sms = _launch.sm_count() if ver.persistent else 1
         if _launch.MAX_PERSISTENT_BLOCKS is not None:
             sms = min(sms, _launch.MAX_PERSISTENT_BLOCKS)
         self.grid, self.block, self.smem = (

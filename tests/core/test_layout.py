@@ -297,3 +297,41 @@ def test_the_numpy_only_check_can_fail():
     assert _numpy_only_offenders(planted) == [
         "flashref.hardware.hopper:1: imports flashref.gpu.tma"
     ]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_reaches(trees: dict) -> list[str]:
+    """Each name with a leading underscore that one module takes from another: imported
+    (``from flashref.attention import _load``) or read through a module
+    (``attention._load``). A private module's own names are private to it too."""
+    bad = []
+    for name, tree in trees.items():
+        aliases = _module_aliases(name) if name in TREES else {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = _from_module(name, node)
+                for a in node.names:
+                    if module.split(".")[0] == "flashref" and _private(a.name):
+                        if f"{module}.{a.name}" not in MODULES:  # a private module is fine
+                            bad.append(f"{name}:{node.lineno}: imports {module}.{a.name}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                target = aliases.get(node.value.id)
+                if target and _private(node.attr) and f"{target}.{node.attr}" not in MODULES:
+                    bad.append(f"{name}:{node.lineno}: reads {target}.{node.attr}")
+    return bad
+
+
+def test_names_used_across_modules_are_public():
+    """A function or constant another module uses is part of its module's interface: it has
+    no leading underscore (private modules, such as ``flashref.gpu._host``, may be
+    imported: their names say what they are)."""
+    bad = _private_reaches(TREES)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_name_check_can_fail():
+    planted = {"flashref.kvcache": ast.parse("from .attention import _pack\n")}
+    assert _private_reaches(planted) == ["flashref.kvcache:1: imports flashref.attention._pack"]

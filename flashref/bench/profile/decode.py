@@ -28,10 +28,10 @@ or waiting on its copies (``long_scoreboard``, ``lg_throttle``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ...gpu.decode import VERSIONS
+from .._common import write_result
 from .ncu import STALL, group_by_case, run_ncu, summarise
 
 DECODE_SECTIONS = ("LaunchStats", "Occupancy", "WarpStateStats")
@@ -149,7 +149,7 @@ def run_decode(meta: dict, out: Path, versions=None) -> int:
         "shapes": "Hq = 32, d = 128, fp16, Nq = 1; (B, Hkv, Nk, paged) as in rows",
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
+    write_result({"meta": meta, "rows": cases}, out)
     print(f"wrote {out} ({len(cases)} cases)")
     print_rows(cases)
     return 0

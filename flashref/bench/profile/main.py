@@ -35,7 +35,6 @@ GPU chooses, the same as in the benchmark. Without ``ncu`` on PATH this says so 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -43,6 +42,7 @@ from pathlib import Path
 
 from ...gpu import BWD_VERSIONS, VERSIONS, _runtime
 from .. import cli
+from .._common import write_result
 from ..cli import ArgumentParser
 from .ncu import (
     PROFILE_SHAPE,
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [{**case, **k} for case, k in zip(plan, kernels, strict=True)]
         meta["sections"] = list(SOURCE_SECTIONS)
         args.source_out.parent.mkdir(parents=True, exist_ok=True)
-        args.source_out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        write_result({"meta": meta, "rows": rows}, args.source_out)
         print(f"wrote {args.source_out}")
         return 0
     if args.backward:
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = profile(plan)
         rows = cases if path is args.out else [io_row(c) for c in cases]
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        write_result({"meta": meta, "rows": rows}, path)
         print(f"wrote {path} ({len(cases)} cases)")
         print_cases(cases)
     return 0

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .._common import write_result
 from ..provenance import provenance
 
 NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats")
@@ -199,6 +200,6 @@ def profile_with_extras(plan: list[dict], wanted, meta: dict, out: Path) -> list
         cases = profile(plan, metrics)
     meta.update(metrics=list(metrics), metrics_missing=missing)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": cases}, indent=1) + "\n")
+    write_result({"meta": meta, "rows": cases}, out)
     print(f"wrote {out} ({len(cases)} cases); not in this ncu: {missing or 'none'}")
     return cases

@@ -173,7 +173,7 @@ class PrefillCall(_host.Plan):
                     f"paged_prefill_attention runs version 29's loop, built for sm_90a (wgmma, "
                     f"TMA): compute capability 9.0 exactly; this GPU ({gpu}) has {cc[0]}.{cc[1]}"
                 )
-            self.fns = _function(cp, self.shape[3], self.dtype)
+            self.fns = kernels(cp, self.shape[3], self.dtype)
         super().__init__(cp, b)  # last: a plan with a backend is ready
 
     def run(self, q, k_pages, v_pages, bt, L):
@@ -261,8 +261,9 @@ def defines(d: int, dtype: str) -> tuple[str, ...]:
     return (f"-DHEAD_DIM={d}", *DTYPE_DEFINES[dtype])
 
 
-def _function(cp, d: int, dtype: str):
-    """The compiled kernel and its combine kernel for (d, dtype) on the current device."""
+def kernels(cp, d: int, dtype: str):
+    """The compiled kernel and its combine kernel for (d, dtype) on the current device (what
+    a plan takes at its first run: ``flashref.bench prefill_stamps`` puts a stamped build here)."""
     from .._launch import compiled
 
     names = (KERNEL, COMBINE)
