@@ -10,6 +10,7 @@ by those of chapters 6 and 7.
 
 from __future__ import annotations
 
+import copy
 import textwrap
 from functools import partial
 
@@ -51,8 +52,10 @@ def _one(got, size: int, what: str):
 
 
 def _table(fn, points):
-    """The reader's answer at every point (each a tuple of arguments), in order."""
-    return [(p, fn(*p)) for p in points]
+    """The reader's answer at every point (each a tuple of arguments), in order. The function
+    gets a copy of each point's arguments: what it does to a list it was given (a pop, a
+    reverse) changes neither the expected answer nor the report."""
+    return [(p, fn(*copy.deepcopy(p))) for p in points]
 
 
 def _accept(size: int, what: str, call: str):

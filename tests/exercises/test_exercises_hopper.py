@@ -245,3 +245,21 @@ def test_not_implemented_none_and_errors_are_reported(name):
     assert not broken and "raised ZeroDivisionError" in str(broken)
     with pytest.raises(TypeError, match="fn must be a function"):
         check("not a function")
+
+
+def test_the_learners_function_gets_its_own_groups():
+    """A function that changes the list it is given (pops from it, reverses it) changes
+    neither the checker's expected answers nor its report."""
+
+    def right_then_pops(groups, needed):
+        answer = len(groups) - 1 - groups.index(needed)
+        groups.clear()  # the checker's candidates read the list after this call
+        return answer
+
+    assert check_wait_group(right_then_pops)
+
+    def wrong_and_reverses(groups, needed):
+        groups.reverse()
+        return 0
+
+    assert str(check_wait_group(wrong_and_reverses)) == str(check_wait_group(lambda g, n: 0))
