@@ -126,6 +126,15 @@ def one_query_cases():
     q, K, V = rand(29, 8, 4)
     target = -1000.0 + np.linspace(0.0, 6.0, 29) + 0.5 * rng.standard_normal(29)
     cases.append(("large negative scores", q, project_scores(q, K, target), V, 5))
+    # Scores near +1000 with two keys tied for the maximum, in different tiles, their values
+    # opposite: the output is the difference of their weights, which float32's rounding of
+    # a score near 1000 (its spacing there is 6e-5) moves by more than the tolerance.
+    q, K, V = rand(24, 8, 4)
+    target = 980.0 + 2.0 * rng.standard_normal(24)
+    target[7], target[19] = 1000.0, 1000.0 + 1e-3
+    V[7], V[19] = 3.0, -3.0  # the largest values: the tolerance is set by them
+    label = "large scores, two keys tied for the maximum"
+    cases.append((label, q, project_scores(q, K, target), V, 8))
     return cases
 
 
