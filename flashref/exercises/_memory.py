@@ -23,8 +23,9 @@ budget names the side that was not tiled, both name the whole score matrix
 
 The measurement itself is guarded (``peak_memory``): a function cannot switch
 tracemalloc off or reset its peak unseen, and a call into a library whose arrays
-tracemalloc cannot see (torch, CuPy, JAX) makes the case say it cannot measure
-(``cannot_measure``) rather than pass.
+tracemalloc cannot see (torch, CuPy, JAX), or into one that runs code in another process
+(``multiprocessing``, ``concurrent.futures.ProcessPoolExecutor``, ``subprocess``, ``os.fork``),
+makes the case say it cannot measure (``cannot_measure``) rather than pass.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ UNTILED_QUERIES = "queries not tiled: score arrays taller than block_q"
 
 # Libraries whose arrays live outside Python's allocator: tracemalloc does not see them
 FOREIGN = ("torch", "cupy", "jax", "jaxlib", "tensorflow", "numba", "mlx")
+# Ways to run code in another process, whose memory tracemalloc does not see either: the
+# Python modules that start one, and the C functions of os that do (fork, spawn, exec, system)
+PROCESS_MODULES = ("multiprocessing", "concurrent.futures.process", "subprocess")
+PROCESS_CALLS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve")
+PROCESS_CALLS += ("execv", "execve", "execvp", "execvpe")
 # What a function may not do to the measurement while it is measured
 TRACEMALLOC_CONTROLS = ("stop", "start", "reset_peak", "clear_traces")
 
@@ -47,6 +53,7 @@ TRACEMALLOC_CONTROLS = ("stop", "start", "reset_peak", "clear_traces")
 class _Peak:
     bytes: int = 0
     foreign: str | None = None  # the first call into a FOREIGN library, by name
+    elsewhere: str | None = None  # the first call that runs code in another process
     tampered: str | None = None  # what the function did to tracemalloc
 
 
@@ -69,8 +76,10 @@ def peak_memory(measure: bool = True):
     they were called (``tampered``), tracing found off afterwards counts as stopped, and
     the peak is also sampled at every function call and return (``sys.setprofile``), so
     a peak reset through another name is still seen. A call into a library whose memory
-    tracemalloc cannot see (``FOREIGN``: torch, CuPy, JAX, ...) is named in ``foreign``.
-    A measurement with either set cannot be trusted: ``cannot_measure`` says why.
+    tracemalloc cannot see (``FOREIGN``: torch, CuPy, JAX, ...) is named in ``foreign``, a
+    call that runs code in another process (``PROCESS_MODULES``, ``PROCESS_CALLS``) in
+    ``elsewhere``. A measurement with any of them set cannot be trusted: ``cannot_measure``
+    says why.
     """
     peak = _Peak()
     if not measure:
@@ -93,11 +102,17 @@ def peak_memory(measure: bool = True):
         current = traced()[0]
         if current > high[0]:
             high[0] = current
-        if peak.foreign is None and event in ("call", "c_call"):
+        if event in ("call", "c_call") and not (peak.foreign and peak.elsewhere):
             module = _module_of(frame, event, arg)
-            if module.split(".")[0] in FOREIGN:
-                name = getattr(arg, "__qualname__", None) or frame.f_code.co_name
-                peak.foreign = f"{module}.{name}" if event == "c_call" else module
+            name = getattr(arg, "__qualname__", None) or frame.f_code.co_name
+            called = f"{module}.{name}" if event == "c_call" else module
+            if peak.foreign is None and module.split(".")[0] in FOREIGN:
+                peak.foreign = called
+            if peak.elsewhere is None and (
+                module.startswith(PROCESS_MODULES)
+                or (event == "c_call" and module in ("posix", "nt") and name in PROCESS_CALLS)
+            ):
+                peak.elsewhere = called
 
     outer = sys.getprofile()
     try:
@@ -136,6 +151,12 @@ def cannot_measure(peak: _Peak) -> str | None:
         return (
             f"cannot measure the peak memory: the function called {peak.foreign}, whose "
             "arrays tracemalloc does not see; write the tile loop with NumPy"
+        )
+    if peak.elsewhere:
+        return (
+            f"cannot measure the peak memory: the function called {peak.elsewhere}, which "
+            "runs code in another process, whose memory tracemalloc does not see; write the "
+            "tile loop in this process"
         )
     return None
 

@@ -163,3 +163,23 @@ def test_the_memory_case_works_under_an_outer_trace():
         assert tracemalloc.is_tracing()  # the outer trace is left running
     finally:
         tracemalloc.stop()
+
+
+def test_memory_of_another_process_is_refused():
+    """A right answer computed in another process (a ProcessPoolExecutor's worker) reads as
+    almost no memory here: the checker says it cannot measure, naming the call."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+
+        def elsewhere(q, k, v, block_q, block_k, causal):
+            return pool.submit(flashref.naive_attention, q, k, v, causal=causal).result()
+
+        result = check_tiled_attention(elsewhere)
+    assert not result and len(result.failures) == 2, str(result)
+    for f in result.failures:
+        assert f.problem.startswith(
+            "cannot measure the peak memory: the function called concurrent.futures.process"
+        ), f.problem
+        assert "runs code in another process" in f.problem
