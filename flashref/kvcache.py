@@ -24,6 +24,7 @@ the block table the same way.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -91,9 +92,22 @@ class PageTable:
         tokens = self.lengths[seq] + new
         return max(0, -(-tokens // self.page_size) - len(self.block_tables[seq]))
 
+    def check_needs(self, needs) -> dict:
+        """``needs`` (``{seq: new tokens}``) checked whole, before anything changes: a mapping
+        whose keys are live sequences and whose values are ints >= 0 (not bools, not floats);
+        the error names the entry. Returns it as ``{int: int}``."""
+        if not isinstance(needs, Mapping):
+            raise TypeError(f"needs must be a dict {{seq: new tokens}}, got {type(needs).__name__}")
+        return {
+            self.check_seq(s, "needs key"): check_block(t, f"needs[{s!r}]", minimum=0)
+            for s, t in needs.items()
+        }
+
     def check_room(self, needs) -> None:
         """``CacheFullError`` unless the free pages cover ``needs``: ``{seq: new tokens}``
-        (tokens past the sequence's length). Nothing changes either way."""
+        (tokens past the sequence's length; checked by ``check_needs``). Nothing changes
+        either way."""
+        needs = self.check_needs(needs)
         needed = {s: self.pages_needed(s, t) for s, t in needs.items()}
         total = sum(needed.values())
         if total > len(self._free):
@@ -111,11 +125,13 @@ class PageTable:
             )
 
     def reserve(self, needs) -> dict:
-        """Give each sequence of ``needs`` (``{seq: new tokens}``, checked ids) the pages to
-        hold that many tokens past its length, all or nothing (``check_room``); lengths do
-        not change.
+        """Give each sequence of ``needs`` (``{seq: new tokens}``) the pages to hold that many
+        tokens past its length, all or nothing: every entry is checked (``check_needs``) and
+        the room for all of them (``check_room``) before a page is given; lengths do not
+        change.
         Returns ``{seq: index of its first new page in its block table}`` for those that got
         pages."""
+        needs = self.check_needs(needs)
         self.check_room(needs)
         first = {}
         for s, tokens in needs.items():

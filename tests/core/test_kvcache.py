@@ -19,6 +19,7 @@ from test_memory import peak_bytes
 
 import flashref.kvcache
 from flashref import CacheFullError, PagedKVCache, naive_attention, paged_attention
+from flashref.kvcache import PageTable
 
 # float64 tolerance, as in test_attention.py: each output is a weighted average of at most
 # ~60 value rows with scores from dot products of length <= 8, and every page is one more
@@ -518,3 +519,38 @@ def test_page_table_reserves_all_or_nothing():
         t.check_seq(a)
     with pytest.raises(TypeError, match="seq must be an int"):
         t.check_seq(True)
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (2.5, TypeError, r"needs\[1\] must be an int, got float"),
+        (2.0, TypeError, r"needs\[1\] must be an int, got float"),
+        (np.float64(3.0), TypeError, r"needs\[1\] must be an int, got float64"),
+        ("3", TypeError, r"needs\[1\] must be an int, got str"),
+        (None, TypeError, r"needs\[1\] must be an int, got NoneType"),
+        (True, TypeError, r"needs\[1\] must be an int, got bool"),
+        (-1, ValueError, r"needs\[1\] must be >= 0, got -1"),
+    ],
+)
+def test_reserve_checks_every_entry_before_it_gives_a_page(bad, error, match):
+    """All or nothing: a bad entry after a good one raises, naming the entry, and the good
+    one got no page."""
+    table = PageTable(8, 4)
+    a, b = table.new_sequence(), table.new_sequence()
+    with pytest.raises(error, match=match):
+        table.reserve({a: 3, b: bad})
+    assert table.block_tables == {a: [], b: []} and table.num_free_pages == 8
+    with pytest.raises(error, match=match):
+        table.check_room({a: 3, b: bad})
+
+
+def test_reserve_names_a_bad_mapping_or_sequence():
+    table = PageTable(8, 4)
+    a = table.new_sequence()
+    with pytest.raises(TypeError, match=r"needs must be a dict \{seq: new tokens\}, got list"):
+        table.reserve([(a, 3)])
+    with pytest.raises(ValueError, match="needs key 7 is not a sequence of this cache"):
+        table.reserve({a: 3, 7: 1})
+    assert table.block_tables[a] == [] and table.num_free_pages == 8
+    assert table.reserve({a: np.int64(5)}) == {a: 0} and len(table.block_tables[a]) == 2
