@@ -66,3 +66,25 @@ def test_without_a_gpu_one_line_says_what_is_missing(args):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "flashref.gpu cannot run" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, unknown, known",
+    [
+        ([], "99", "1, 2, 3"),
+        (["--decode"], "9", "1, 2, 3, 4, 5, 6, 7)"),
+        (["--backward"], "42", "1, 2, 3"),
+        (["--hopper"], "3", "(14, 19, 20"),
+    ],
+)
+def test_profile_refuses_versions_it_would_not_profile(flags, unknown, known, capsys):
+    """``profile --versions`` names a version of the family the run profiles, or the run
+    stops before anything (else it would profile nothing and overwrite its results file)."""
+    from flashref.bench.profile import main as profile
+
+    with pytest.raises(SystemExit) as exc:
+        profile.main([*flags, "--versions", unknown])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--versions {unknown}: not among the versions this run profiles" in err, err
+    assert known in err, err

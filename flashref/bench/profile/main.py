@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 from ...gpu import BWD_VERSIONS, VERSIONS, _runtime
+from ...gpu.decode.versions import VERSIONS as DECODE_VERSIONS
 from .. import cli
 from .._common import write_result
 from ..cli import ArgumentParser
@@ -164,6 +165,19 @@ def measured_families(args) -> dict:
     return {family: sorted(set(args.versions) | extra)}
 
 
+def profiled_versions(args) -> list[int]:
+    """The versions a run of these flags can profile: the backward's (``--backward``), the
+    decode kernels' (``--decode``), the sm_90a forward versions and v14 (``--hopper``), or
+    every forward version."""
+    if args.backward:
+        return sorted(BWD_VERSIONS)
+    if args.decode:
+        return sorted(DECODE_VERSIONS)
+    if args.hopper:
+        return sorted(n for n, v in VERSIONS.items() if v.arch or n == 14)
+    return sorted(VERSIONS)
+
+
 def backward_main(args, meta: dict) -> int:
     """``--backward``: every backward version's counters into ``args.out``."""
     out = args.out or Path("results/gpu_backward_profile.json")
@@ -217,6 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.backward + args.decode + args.hopper > 1:
         parser.error("--backward, --decode and --hopper each profile on their own: give one")
+    if args.versions:  # each a version this run can profile: else it would profile nothing
+        known = profiled_versions(args)
+        unknown = sorted(set(args.versions) - set(known))
+        if unknown:
+            parser.error(
+                f"--versions {' '.join(map(str, unknown))}: not among the versions this run "
+                f"profiles ({', '.join(map(str, known))})"
+            )
     if args.source is not None:  # a version of its family, at the head dims it takes
         from ...gpu import BWD_VERSIONS, VERSIONS
 
