@@ -51,7 +51,7 @@ from ._common import (
     median_ms,
     write_result,
 )
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 from .provenance import provenance
 
 DEFAULT_N = (1024, 4096, 16384)
@@ -312,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
     )
     parser.add_argument("--d", type=int, nargs="+", choices=(64, 128), default=[64, 128])
-    parser.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_N))
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--n", type=at_least(1), nargs="+", default=list(DEFAULT_N))
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds")
     parser.add_argument(
         "--dtypes", nargs="+", default=["float16", "bfloat16"], choices=("float16", "bfloat16")
     )

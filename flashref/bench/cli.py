@@ -35,6 +35,23 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().add_argument(*args, **kwargs)
 
 
+def at_least(minimum: int):
+    """An argparse ``type``: an int of at least ``minimum``; anything else is a usage error
+    naming the option (exit 2), before the command runs."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {minimum}"  # what argparse's messages call the type
+    return parse
+
+
 def missing(prog: str, what: str) -> int:
     """Say on one line what ``prog`` needs and this machine lacks; the exit code to return."""
     print(f"{prog}: {what}", file=sys.stderr)

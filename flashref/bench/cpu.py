@@ -29,7 +29,7 @@ import numpy as np
 
 from flashref.attention import naive_attention, tiled_attention
 
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 
 D = 64
 DTYPE = np.float32
@@ -46,12 +46,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--sizes", default="1024,2048,4096,8192", help="comma-separated N values")
     p.add_argument(
-        "--repeats", type=int, default=7, help="timed runs per N up to 4096 (fewer above)"
+        "--repeats", type=at_least(1), default=7, help="timed runs per N up to 4096 (fewer above)"
     )
-    p.add_argument("--block-q", type=int, default=256, help="Br for tiled_attention")
-    p.add_argument("--block-k", type=int, default=512, help="Bc for tiled_attention")
-    p.add_argument("--big", type=int, default=65536, help="N for the tiled-only row (0: skip)")
-    p.add_argument("--sweep-n", type=int, default=4096, help="N for the block sweep (0: skip)")
+    p.add_argument("--block-q", type=at_least(1), default=256, help="Br for tiled_attention")
+    p.add_argument("--block-k", type=at_least(1), default=512, help="Bc for tiled_attention")
+    p.add_argument(
+        "--big", type=at_least(0), default=65536, help="N for the tiled-only row (0: skip)"
+    )
+    p.add_argument(
+        "--sweep-n", type=at_least(0), default=4096, help="N for the block sweep (0: skip)"
+    )
     p.add_argument(
         "--blas-threads",
         default="1,2",
@@ -60,7 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=at_least(0),
         default=min(2, os.cpu_count() or 1),
         help="also time tiled attention with its query tiles split over this many threads"
         " (one BLAS thread each) against naive on as many BLAS threads (below 2: skip)",

@@ -63,7 +63,7 @@ from flashref.gpu.decode import (
 from ..gpu.decode import VERSIONS
 from ..recorded.decode import impl_names
 from ._common import ClockSampler, import_torch, median_ms, write_result
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 from .provenance import provenance
 from .roofs import ROOF_DIR, device_facts, hbm_roof, time_ms
 from .timing.call_time import host_us, kernel_us
@@ -567,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         prog=PROG,
         description=__doc__,
     )
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--rounds", type=at_least(1), default=5, help="interleaved rounds")
     parser.add_argument(
         "--dtypes",
         nargs="+",

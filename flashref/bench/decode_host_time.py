@@ -19,7 +19,7 @@ from flashref.gpu import decode_attention, decode_plan
 from flashref.gpu._runtime import require_gpu
 from flashref.gpu.decode.launch import launch
 
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 from .timing.call_time import host_us, kernel_us
 
 SHAPES = ((1, 32, 4096), (1, 8, 4096), (1, 8, 32768), (8, 32, 4096))  # (B, Hkv, Nk)
@@ -87,7 +87,7 @@ def _us(x) -> str:
 def main(argv=None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--versions", type=int, nargs="+", default=[3, 5, 6])
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=at_least(1), default=200)
     args = parser.parse_args(argv)
 
     import torch

@@ -30,7 +30,7 @@ from flashref.gpu.decode import (
 )
 
 from ._common import write_result
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 
 SHAPES = (
     (1, 8, 4096),
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--versions", type=int, nargs="+", default=[4, 5, 6])
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     parser.add_argument("--d", type=int, default=128, choices=(64, 128))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 

@@ -53,7 +53,7 @@ from ._common import (
     median_ms,
     write_result,
 )
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 from .provenance import provenance
 from .roofs import measure as measure_roofs
 
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only N in {QUICK_N}")
     parser.add_argument("--d", type=int, nargs="+", choices=(64, 128), help="head dims")
     parser.add_argument("--n", type=int, nargs="+", choices=ALL_N, help="sequence lengths")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--rounds", type=at_least(1), default=5, help="interleaved rounds")
     parser.add_argument(
         "--dtypes",
         nargs="+",

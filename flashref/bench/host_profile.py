@@ -28,7 +28,7 @@ import flashref.gpu as fg
 from ..gpu import _driver, _runtime
 from ._common import write_result
 from .calls import default_versions
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 from .provenance import provenance
 from .roofs import device_facts
 from .timing.call_time import kernel_us
@@ -249,7 +249,7 @@ def loops(torch, n: int = 50) -> dict:
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog=PROG, description=__doc__)
-    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--calls", type=at_least(1), default=200)
     p.add_argument("--out", type=Path, default=Path("results/gpu_host_profile.json"))
     args = p.parse_args(argv)
 

@@ -51,7 +51,7 @@ from ..gpu.forward import resolve_version
 from ..ring.simulate import check_layout
 from . import ring_check
 from ._common import write_result
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 RTOL64 = 1e-12  # float64: see tests/ring/test_ring.py
@@ -204,19 +204,21 @@ def ring_attention_gloo(
 def parse(argv):
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--gpus", type=int, help="processes, one per GPU, talking over NCCL")
-    where.add_argument("--cpu", type=int, help="processes on the CPU, talking over gloo (float64)")
-    p.add_argument("--seq", type=int, required=True, help="sequence length N")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
+    where.add_argument("--gpus", type=at_least(1), help="processes, one per GPU, talking over NCCL")
+    where.add_argument(
+        "--cpu", type=at_least(1), help="processes on the CPU, talking over gloo (float64)"
+    )
+    p.add_argument("--seq", type=at_least(1), required=True, help="sequence length N")
+    p.add_argument("--batch", type=at_least(1), default=1)
+    p.add_argument("--heads", type=at_least(1), default=8)
+    p.add_argument("--head-dim", type=at_least(1), default=128)
     p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="GPU dtype")
     p.add_argument("--check", action="store_true", help="compare with one-device attention")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=at_least(0), default=2)
+    p.add_argument("--reps", type=at_least(1), default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--no-multicast",

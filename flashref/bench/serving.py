@@ -48,7 +48,7 @@ from flashref.transformer.generate import GENERATORS, generator, greedy_logits
 from flashref.transformer.model import VAL_SEED, Config, train
 
 from ._common import ClockSampler, import_torch, write_result
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 from .provenance import provenance, source_hash
 from .roofs import device_facts, hbm_roof
 from .timing.graph_time import CapturedCalls, graph_calls, input_sets
@@ -567,7 +567,7 @@ def print_table(result: dict) -> None:
 
 def main(argv=None) -> int:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per row")
+    p.add_argument("--rounds", type=at_least(1), default=3, help="timed rounds per row")
     p.add_argument(
         "--dtypes",
         nargs="+",

@@ -25,7 +25,7 @@ from ..transformer.booktext import CharCorpus, book_text
 from ..transformer.model import Config, train_in_turn
 from . import provenance as prov
 from ._common import ClockSampler, write_result
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 
 PROG = "python -m flashref.bench training"
 
@@ -76,7 +76,7 @@ def compare(*, steps=300, seed=0, dtype="bfloat16", cfg=None) -> dict:
 
 def main(argv=None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__)
-    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
+    parser.add_argument("--steps", type=at_least(1), default=300, help="training steps per run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the two compared runs")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--out", type=Path, default=Path("results/gpu_training.json"))

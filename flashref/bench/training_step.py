@@ -39,7 +39,7 @@ from flashref.transformer import model as charmodel
 
 from . import cli
 from ._common import write_result
-from .cli import ArgumentParser
+from .cli import ArgumentParser, at_least
 
 API_PREFIXES = ("cuda", "cu")  # the CUDA runtime's and driver's calls, as the profiler names them
 # The profiler's ranges of one attention call, forward and backward, each side (inclusive CPU
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--attention", nargs="+", default=["flashref", "sdpa"], choices=("flashref", "sdpa")
     )
-    parser.add_argument("--steps", type=int, default=10, help="steps timed and profiled")
+    parser.add_argument("--steps", type=at_least(1), default=10, help="steps timed and profiled")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = parser.parse_args(argv)

@@ -88,3 +88,26 @@ def test_profile_refuses_versions_it_would_not_profile(flags, unknown, known, ca
     err = capsys.readouterr().err
     assert f"--versions {unknown}: not among the versions this run profiles" in err, err
     assert known in err, err
+
+
+@pytest.mark.parametrize(
+    "args, option, problem",
+    [
+        (["cpu", "--block-q", "0"], "--block-q", "must be at least 1, got 0"),
+        (["cpu", "--block-k", "-3"], "--block-k", "must be at least 1, got -3"),
+        (["cpu", "--big", "-5"], "--big", "must be at least 0, got -5"),
+        (["cpu", "--sweep-n", "-5"], "--sweep-n", "must be at least 0, got -5"),
+        (["cpu", "--repeats", "x"], "--repeats", "expected an int, got 'x'"),
+        (["gpu", "--rounds", "0"], "--rounds", "must be at least 1, got 0"),
+        (["ring", "--cpu", "0", "--seq", "64"], "--cpu", "must be at least 1, got 0"),
+    ],
+)
+def test_a_bad_count_is_a_usage_error_naming_the_option(args, option, problem):
+    """A count out of range stops the command before it runs: exit 2, one line naming the
+    option (not a traceback, nor an error reached after the whole default run)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashref.bench", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: argument {option}: {problem}" in proc.stderr
+    assert "Traceback" not in proc.stderr
