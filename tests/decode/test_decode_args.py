@@ -495,10 +495,12 @@ def test_version_6_is_version_5s_split_kernel_and_version_3s_combine():
 def test_decode_plan_is_kept_per_shape_and_still_checks_every_argument():
     """A repeated shape returns the kept plan (the split search is not redone per call); a bool
     or a NumPy integer is a different key, so the checks still see it."""
-    dec.decode_plan.cache_clear()
+    from flashref.gpu.decode import api
+
+    api._kept_plan.cache_clear()
     p = dec.decode_plan(1, 32, 8, 1, 32768, 128, 132)
     assert dec.decode_plan(1, 32, 8, 1, 32768, 128, 132) is p
-    assert dec.decode_plan.cache_info().hits == 1
+    assert api._kept_plan.cache_info().hits == 1
     assert p.num_splits == dec.choose_num_splits(1, 8, 32768, 132)
     with pytest.raises(TypeError, match="B must be an int, got bool"):
         dec.decode_plan(True, 32, 8, 1, 32768, 128, 132)
@@ -566,3 +568,17 @@ def test_prefill_splits_fill_the_sms_once_and_keep_two_key_tiles_each(no_cupy):
             pf.paged_prefill_attention(q, kp, kp, [[0, 1]], [10], splits=splits)
     with pytest.raises(fg.GPUUnavailableError, match="CuPy is not installed"):
         pf.paged_prefill_attention(q, kp, kp, [[0, 1]], [10], splits=3)
+
+
+@pytest.mark.parametrize("bad", [[1], np.array([1]), {1}])
+@pytest.mark.parametrize("where", range(7))
+def test_decode_plan_names_an_unhashable_argument(bad, where):
+    """A list, an array or a set where a count goes is an error naming the argument (the
+    plans are kept per argument tuple: an unhashable one is checked, not looked up)."""
+    names = ("B", "Hq", "Hkv", "Nq", "Nk", "d", "sm_count")
+    args = [1, 4, 4, 1, 256, 64, 132]
+    args[where] = bad
+    with pytest.raises(
+        TypeError, match=f"^{names[where]} must be an int, got {type(bad).__name__}"
+    ):
+        dec.decode_plan(*args)

@@ -126,7 +126,6 @@ class DecodePlan:
     version: int = DEFAULT_VERSION
 
 
-@functools.lru_cache(maxsize=1024, typed=True)  # typed: True and 1 are not the same B
 def decode_plan(
     B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits=None, version=DEFAULT_VERSION
 ) -> DecodePlan:
@@ -139,6 +138,15 @@ def decode_plan(
     ``d`` 64 or 128, ``num_splits`` None or an int in ``1..MAX_SPLITS`` for the versions
     that merge in registers.
     """
+    args = (B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits, version)
+    try:
+        hash(args)
+    except TypeError:  # a list or an array where a count goes: the checks name it
+        return _checked_plan(*args)
+    return _kept_plan(*args)
+
+
+def _checked_plan(B, Hq, Hkv, Nq, Nk, d, sm_count, num_splits, version) -> DecodePlan:
     version = check_version(version)
     B, Hq, Hkv = check_block(B, "B"), check_block(Hq, "Hq"), check_block(Hkv, "Hkv")
     Nq, Nk = check_block(Nq, "Nq"), check_block(Nk, "Nk", minimum=0)
@@ -160,6 +168,10 @@ def decode_plan(
     grid = (num_splits, Hkv * blocks, B)
     smem = smem_bytes(d, tiles, version)
     return DecodePlan(num_splits, tiles, blocks, grid, threads(version), smem, version)
+
+
+# typed: True and 1 are not the same B
+_kept_plan = functools.lru_cache(maxsize=1024, typed=True)(_checked_plan)
 
 
 def _contiguous_checks(q, k, v, version, causal, scale, num_splits, return_lse):
