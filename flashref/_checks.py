@@ -15,16 +15,22 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _asarray(x, name: str) -> np.ndarray:
-    """``np.asarray(x)``, with the argument named when NumPy cannot convert ``x``.
-
-    Masked arrays are refused: ``np.asarray`` would drop their mask without a word.
-    """
+def refuse_masked(x, name: str) -> None:
+    """A ``numpy.ma.MaskedArray`` is refused (a TypeError naming ``name``): ``np.asarray``
+    would drop its mask without a word."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(
             f"{name} is a numpy.ma.MaskedArray, whose mask would be ignored; "
             f"pass a plain ndarray such as {name}.filled(value)"
         )
+
+
+def _asarray(x, name: str) -> np.ndarray:
+    """``np.asarray(x)``, with the argument named when NumPy cannot convert ``x``.
+
+    Masked arrays are refused (``refuse_masked``).
+    """
+    refuse_masked(x, name)
     try:
         return np.asarray(x)
     except Exception as exc:  # ragged lists, objects whose __array__ refuses ...

@@ -239,3 +239,20 @@ def test_device_tables_are_checked_by_shape_and_dtype_only():
     assert not dchk.is_device_array([1, 2])
     assert dchk.tables_on_device(False, None, np.zeros(2, np.int32), 2) is False
     assert dchk.tables_on_device(False, None, None, 2) is True  # no table: nothing to read
+
+
+@pytest.mark.parametrize("which", ["block_table", "lengths"])
+def test_masked_host_tables_are_refused(no_cupy, which):
+    """As every NumPy function refuses a masked array (its mask would be dropped), so do the
+    GPU functions' host tables, naming the table, before any GPU work."""
+    q, kp = np.zeros((2, 4, 1, 64), np.float16), np.zeros((6, 2, 64, 64), np.float16)
+    tables = {"block_table": np.array([[0, 1], [2, 3]], np.int32), "lengths": np.array([20, 17])}
+    tables[which] = np.ma.masked_array(tables[which], mask=np.zeros_like(tables[which], bool))
+    match = f"{which} is a numpy.ma.MaskedArray, whose mask would be ignored"
+    with pytest.raises(TypeError, match=match):
+        fg.paged_decode_attention(q, kp, kp.copy(), tables["block_table"], tables["lengths"])
+    with pytest.raises(TypeError, match=match):
+        fg.paged_prefill_attention(q, kp, kp.copy(), tables["block_table"], tables["lengths"])
+    if which == "lengths":
+        with pytest.raises(TypeError, match=match):
+            fg.decode_attention(*_qkv(), lengths=np.ma.masked_array([5, 6], mask=[False, True]))

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import causal_bottom_right, check_block, check_flag, check_scale
+from ..._checks import (
+    causal_bottom_right,
+    check_block,
+    check_flag,
+    check_scale,
+    refuse_masked,
+)
 from .._runtime import dtype_name
 from .versions import SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
 
@@ -63,7 +69,9 @@ def check_kind(q, k, v, kname: str, vname: str):
 
 
 def host_ints(x, name: str, ndim: int) -> np.ndarray:
-    """An integer array (NumPy, list, CuPy or torch) copied to the host, of rank ``ndim``."""
+    """An integer array (NumPy, list, CuPy or torch) copied to the host, of rank ``ndim``
+    (a masked array is refused: its mask would be dropped)."""
+    refuse_masked(x, name)
     if hasattr(x, "detach"):  # torch
         x = x.detach().cpu().numpy()
     elif type(x).__module__.split(".")[0] == "cupy":
