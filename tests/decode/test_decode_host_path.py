@@ -256,3 +256,22 @@ def test_masked_host_tables_are_refused(no_cupy, which):
     if which == "lengths":
         with pytest.raises(TypeError, match=match):
             fg.decode_attention(*_qkv(), lengths=np.ma.masked_array([5, 6], mask=[False, True]))
+
+
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        ({"library": "cupy", "device": 0}, ValueError, "device is for library='torch'"),
+        ({"device": -1}, ValueError, "device must be at least 0, got -1"),
+        ({"device": 1.0}, TypeError, "device must be an int, got float"),
+        ({"dtype": "float32"}, TypeError, "dtype is 'float32'"),
+        ({"library": "jax"}, ValueError, "library is 'jax'"),
+        ({"max_batch": 0}, ValueError, "max_batch must be at least 1"),
+    ],
+)
+def test_the_device_cache_names_a_bad_argument_without_a_gpu(no_cupy, kw, error, match):
+    """The same rules on any machine: a bad argument is named before the GPU is asked for."""
+    with pytest.raises(error, match=match):
+        fg.DevicePagedKVCache(4, 64, 1, 64, **({"max_batch": 1} | kw))
+    with pytest.raises(fg.GPUUnavailableError):  # good arguments: then the GPU is missing
+        fg.DevicePagedKVCache(4, 64, 1, 64, max_batch=1)

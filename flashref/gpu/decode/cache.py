@@ -115,6 +115,10 @@ class DevicePagedKVCache:
             raise ValueError(f"head_dim is {head_dim}; a row must be a multiple of 16 bytes")
         if library not in LIBRARIES:
             raise ValueError(f"library is {library!r}; expected one of {LIBRARIES}")
+        if device is not None:  # checked before the GPU is asked for: the same rule anywhere
+            if library == "cupy":
+                raise ValueError("device is for library='torch'; CuPy uses its current device")
+            device = _positive(device, "device", 0)
         self.dtype, self.library = name, library
         cp = self._cp = require_gpu()
         shape = (
@@ -136,8 +140,6 @@ class DevicePagedKVCache:
             self._b = _host.torch_backend(cp, self.k_pages)
             self._h2d = lambda x: torch.from_numpy(x).to(dev, non_blocking=False)
         else:
-            if device is not None:
-                raise ValueError("device is for library='torch'; CuPy uses its current device")
             if name == "bfloat16":
                 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, as CuPy needs)
             self.k_pages = cp.zeros(shape, dtype=name)
