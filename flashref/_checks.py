@@ -147,6 +147,32 @@ def check_block(size, name: str, minimum: int = 1, maximum: int | None = None) -
     return int(size)
 
 
+def check_sdpa_call(query, key, attn_mask, dropout_p, is_causal, enable_gqa) -> None:
+    """``F.scaled_dot_product_attention``'s arguments as ``flashref.torch.attention`` takes
+    them: those flashref does not implement (a mask, dropout) are errors naming them; a
+    float may be a NumPy float and a bool a NumPy bool, as everywhere in flashref."""
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "attn_mask is not supported by flashref.torch.attention (its kernels mask only "
+            "causally: use is_causal=True, or F.scaled_dot_product_attention for a mask)"
+        )
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p} is not supported by flashref.torch.attention (no dropout "
+            "in its kernels); use dropout_p=0.0"
+        )
+    enable_gqa = check_flag(enable_gqa, "enable_gqa")
+    check_flag(is_causal, "is_causal")  # SDPA's bool: top-left (flashref's "top_left")
+    if hasattr(query, "shape") and hasattr(key, "shape") and query.ndim >= 3 and key.ndim >= 3:
+        if query.shape[-3] != key.shape[-3] and not enable_gqa:
+            raise ValueError(
+                f"query has {query.shape[-3]} heads and key {key.shape[-3]}; grouped heads need "
+                "enable_gqa=True (as in F.scaled_dot_product_attention)"
+            )
+
+
 def check_scale(scale, d: int, dtype) -> float:
     """The score scale in ``S = scale * Q K^T``: one rule for the NumPy functions and the GPU.
 

@@ -32,7 +32,7 @@ except ImportError as exc:
     ) from exc
 
 from . import gpu
-from ._checks import check_flag
+from ._checks import check_sdpa_call
 from .gpu import _host, _runtime
 from .gpu.backward import backward_plan
 from .gpu.forward import forward_plan
@@ -225,31 +225,6 @@ def attention_op(query, key, value, is_causal=False, scale=None):
     return attention_forward(q, k, v, bool(is_causal), scale)[0]
 
 
-def _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
-    """SDPA's arguments that flashref does not implement are errors naming them."""
-    if attn_mask is not None:
-        raise NotImplementedError(
-            "attn_mask is not supported by flashref.torch.attention (its kernels mask only "
-            "causally: use is_causal=True, or F.scaled_dot_product_attention for a mask)"
-        )
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"dropout_p={dropout_p} is not supported by flashref.torch.attention (no dropout "
-            "in its kernels); use dropout_p=0.0"
-        )
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    check_flag(is_causal, "is_causal")  # SDPA's bool: top-left (flashref's "top_left")
-    if hasattr(query, "shape") and hasattr(key, "shape") and query.ndim >= 3 and key.ndim >= 3:
-        if query.shape[-3] != key.shape[-3] and not enable_gqa:
-            raise ValueError(
-                f"query has {query.shape[-3]} heads and key {key.shape[-3]}; grouped heads need "
-                "enable_gqa=True (as in F.scaled_dot_product_attention)"
-            )
-
-
 def attention(
     query,
     key,
@@ -280,7 +255,7 @@ def attention(
     for any input, the dtype and head dim must be ones the backward takes (checked here,
     before any work).
     """
-    _check_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    check_sdpa_call(query, key, attn_mask, dropout_p, is_causal, enable_gqa)
     compiling = torch.compiler.is_compiling()
     plan = None
     if not compiling:  # compiled: the fake function checks, at trace time

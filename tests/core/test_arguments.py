@@ -252,3 +252,24 @@ def test_flags_and_scale_are_checked_before_any_work():
             with no_warnings():
                 with pytest.raises((TypeError, ValueError)):
                     fn(q, q, q, **bad)
+
+
+def test_sdpa_options_take_numpy_scalars_as_flashref_does():
+    """flashref.torch.attention's SDPA options (checked without torch): a NumPy bool is a
+    bool and a NumPy float a float, as everywhere in flashref; the rest is named."""
+    from flashref._checks import check_sdpa_call
+
+    q, k = np.zeros((1, 4, 8, 16)), np.zeros((1, 2, 8, 16))
+    check_sdpa_call(q, k, None, np.float32(0.0), np.False_, np.True_)  # accepted
+    check_sdpa_call(q, q, None, 0, True, False)
+    for kw, error, match in [
+        ({"dropout_p": "0"}, TypeError, "dropout_p must be a float, got str"),
+        ({"dropout_p": True}, TypeError, "dropout_p must be a float, got bool"),
+        ({"dropout_p": np.float64(0.1)}, NotImplementedError, "dropout_p=0.1 is not supported"),
+        ({"enable_gqa": 1}, TypeError, "enable_gqa must be a bool, got int"),
+        ({"is_causal": "True"}, TypeError, "is_causal must be a bool, got str"),
+        ({"enable_gqa": np.False_}, ValueError, "query has 4 heads and key 2"),
+    ]:
+        args = {"dropout_p": 0.0, "is_causal": False, "enable_gqa": True} | kw
+        with pytest.raises(error, match=match):
+            check_sdpa_call(q, k, None, args["dropout_p"], args["is_causal"], args["enable_gqa"])
