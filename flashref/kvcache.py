@@ -149,12 +149,20 @@ class PageTable:
 
     def table(self, seqs, width=None):
         """``(block_table (B, width) int64 padded with -1, lengths (B,) int64)`` of ``seqs``
-        (ids, checked; repeats allowed); ``width`` default: the longest table."""
+        (ids, checked; repeats allowed); ``width`` default: the longest table (an int at least
+        that long, else an error naming it)."""
         if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__"):
             raise TypeError(f"seqs must be a list of sequence ids, got {type(seqs).__name__}")
         seqs = [self.check_seq(s, f"seqs[{i}]") for i, s in enumerate(seqs)]
+        longest = max((len(self.block_tables[s]) for s in seqs), default=0)
         if width is None:
-            width = max((len(self.block_tables[s]) for s in seqs), default=0)
+            width = longest
+        elif check_block(width, "width", minimum=0) < longest:
+            s = max(seqs, key=lambda s: len(self.block_tables[s]))
+            raise ValueError(
+                f"width is {width} but sequence {s} holds {longest} pages; width must be at "
+                f"least {longest} (or None: the longest table)"
+            )
         table = np.full((len(seqs), width), -1, dtype=np.int64)  # (B, max_pages)
         for b, s in enumerate(seqs):
             table[b, : len(self.block_tables[s])] = self.block_tables[s]

@@ -554,3 +554,22 @@ def test_reserve_names_a_bad_mapping_or_sequence():
         table.reserve({a: 3, 7: 1})
     assert table.block_tables[a] == [] and table.num_free_pages == 8
     assert table.reserve({a: np.int64(5)}) == {a: 0} and len(table.block_tables[a]) == 2
+
+
+@pytest.mark.parametrize(
+    "width, error, match",
+    [
+        (1, ValueError, r"width is 1 but sequence 0 holds 2 pages; width must be at least 2"),
+        (-1, ValueError, r"width must be >= 0, got -1"),
+        (2.0, TypeError, r"width must be an int, got float"),
+        ("3", TypeError, r"width must be an int, got str"),
+    ],
+)
+def test_table_names_a_bad_width(width, error, match):
+    table = PageTable(8, 4)
+    a, b = table.new_sequence(), table.new_sequence()
+    table.reserve({a: 5, b: 1})  # two pages, one page
+    with pytest.raises(error, match=match):
+        table.table([a, b], width=width)
+    bt, lengths = table.table([a, b], width=np.int64(3))
+    assert bt.tolist() == [[0, 1, -1], [2, -1, -1]] and lengths.tolist() == [0, 0]
