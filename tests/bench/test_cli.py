@@ -111,3 +111,35 @@ def test_a_bad_count_is_a_usage_error_naming_the_option(args, option, problem):
     assert proc.returncode == 2, proc.stderr
     assert f"error: argument {option}: {problem}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _shown_commands() -> list[tuple[str, str, list[str]]]:
+    """Every ``python -m flashref.bench SUB ...`` line of the README and the book's pages
+    (continuation lines joined): (where, subcommand, its flags)."""
+    import re
+
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            m = re.search(r"python -m flashref\.bench ([a-z_]+)((?: [^`#|]*)?)", line)
+            if m:
+                flags = re.findall(r"(?<!\S)(--[a-z][a-z0-9-]*)", m.group(2))
+                found.append((path.name, m.group(1), flags))
+    return found
+
+
+def test_every_command_the_pages_show_exists_with_its_flags():
+    """Each program the README and the book show is a subcommand, and each of its flags is
+    one that subcommand's --help lists."""
+    shown = _shown_commands()
+    assert len(shown) >= 10, shown  # the README's table and examples at least
+    helps = {}
+    for where, sub, flags in shown:
+        assert sub in SUBCOMMANDS, f"{where}: python -m flashref.bench {sub}: no such subcommand"
+        if sub not in helps:
+            proc = _run("flashref.bench", sub, "--help")
+            assert proc.returncode == 0, proc.stderr
+            helps[sub] = proc.stdout
+        missing = [f for f in flags if f not in helps[sub]]
+        assert not missing, f"{where}: python -m flashref.bench {sub}: no option {missing}"
