@@ -25,7 +25,11 @@ GPU kernels live in ``flashref.gpu`` (needs CuPy and an NVIDIA GPU; imported
 only when asked for), exercise checkers in ``flashref.exercises``, benchmarks
 in ``python -m flashref.bench``, and the IO model of Theorem 2 (bytes moved
 between HBM and on-chip memory, by loop order) in ``flashref.io_model``.
+``results_dir()`` is the folder of recorded measurements the chapters read.
 """
+
+import os
+from pathlib import Path
 
 from . import _blas_flags
 from .attention import naive_attention, tiled_attention, tiled_attention_kv_outer
@@ -46,6 +50,7 @@ __all__ = [
     "naive_attention",
     "naive_attention_backward",
     "naive_softmax",
+    "results_dir",
     "online_softmax",
     "paged_attention",
     "ring_attention",
@@ -60,5 +65,34 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+RESULTS_ENV = "FLASHREF_RESULTS"  # a folder of recorded measurements, in place of results/
+
+
+def results_dir() -> Path:
+    """The folder of recorded measurements the chapters read (the repository's ``results/``).
+
+    ``$FLASHREF_RESULTS`` where it is set (a chapter opened outside a checkout reads a copy
+    of the files from there); otherwise the ``results/`` of the checkout this package runs
+    from. Raises ``FileNotFoundError`` saying where it looked and what to do when neither is
+    a folder (a wheel install carries no recorded files).
+    """
+    where = os.environ.get(RESULTS_ENV)
+    if where:
+        path = Path(where).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{RESULTS_ENV} is {where!r}, which is not a folder; point it at a copy of the "
+                "repository's results/ folder"
+            )
+        return path
+    path = Path(__file__).resolve().parent.parent / "results"
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"no results/ folder beside this flashref (looked for {path}): the chapters read "
+            "the measurements recorded in the repository; run them from a clone of it "
+            f"(pip install -e .), or set {RESULTS_ENV} to a folder holding its results/ files"
+        )
+    return path
 
 _blas_flags.ignore_stray_matmul_flag()  # a CPU-dependent OpenBLAS flag, not a NaN: see _blas_flags
