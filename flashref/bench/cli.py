@@ -58,10 +58,27 @@ def missing(prog: str, what: str) -> int:
     return EXIT_MISSING
 
 
+# a package a program imports when it runs, and what to say when it is not installed
+NEEDED = {
+    "cupy": None,  # said by flashref.gpu: which CuPy for which driver
+    "torch": "torch is not installed (pip install torch)",
+}
+
+
 def run(main, prog: str, argv: list[str] | None = None) -> int:
-    """``main(argv)``, with a missing GPU or CuPy said on one line (``missing``)."""
+    """``main(argv)``, with a missing GPU, CuPy or torch said on one line (``missing``), the
+    exit code ``EXIT_MISSING``: never a traceback for what this machine lacks."""
 
     try:
         return main(argv)
     except GPUUnavailableError as exc:
         return missing(prog, str(exc))
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in NEEDED:
+            raise
+        if NEEDED[top] is None:
+            from ..gpu import gpu_unavailable_reason
+
+            return missing(prog, f"flashref.gpu cannot run: {gpu_unavailable_reason()}")
+        return missing(prog, NEEDED[top])

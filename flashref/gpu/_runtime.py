@@ -13,9 +13,25 @@ from __future__ import annotations
 from .._checks import causal_top_left, check_causal, check_flag, check_scale, check_shapes
 
 INSTALL_HINT = (
-    "install CuPy for your CUDA driver with pip install 'flashref[cuda12]' "
-    "(CUDA 12.x driver) or pip install 'flashref[cuda13]' (CUDA 13.x driver)"
+    "install CuPy for your CUDA driver: in the repository, pip install -e '.[cuda12]' "
+    "(CUDA 12.x driver, CuPy's package cupy-cuda12x) or pip install -e '.[cuda13]' "
+    "(CUDA 13.x driver, cupy-cuda13x)"
 )
+DRIVER_LIBRARIES = ("libcuda.so.1", "nvcuda.dll")  # the NVIDIA driver's, on Linux and Windows
+
+
+def driver_library() -> str | None:
+    """The name of the NVIDIA driver's library where it can be loaded, else None (no driver
+    installed: CUDA's runtime then reports an "insufficient" driver, which misleads)."""
+    import ctypes
+
+    for name in DRIVER_LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return name
+    return None
 
 
 class GPUUnavailableError(RuntimeError):
@@ -34,6 +50,12 @@ def gpu_unavailable_reason() -> str | None:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver, driver too old for this CuPy, no device node ...
+        if driver_library() is None:
+            return (
+                "no NVIDIA driver on this machine (none of "
+                f"{', '.join(DRIVER_LIBRARIES)} can be loaded); flashref.gpu needs an NVIDIA "
+                "GPU and its driver"
+            )
         return (
             f"CuPy cannot reach a CUDA GPU ({type(exc).__name__}: {exc}); flashref.gpu needs "
             f"an NVIDIA GPU with a working driver and the matching CuPy: {INSTALL_HINT}"

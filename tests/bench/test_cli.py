@@ -143,3 +143,18 @@ def test_every_command_the_pages_show_exists_with_its_flags():
             helps[sub] = proc.stdout
         missing = [f for f in flags if f not in helps[sub]]
         assert not missing, f"{where}: python -m flashref.bench {sub}: no option {missing}"
+
+
+@pytest.mark.skipif(available(), reason="this machine has a GPU: the commands would run")
+@pytest.mark.parametrize(
+    "sub",
+    ["training", "training_step", "serving", "decode_split_sweep", "decode_host_time"]
+    + ["prefill_stamps", "backward"],
+)
+def test_what_this_machine_lacks_is_one_line_and_exit_3(sub):
+    """Without a GPU, CuPy or torch, every program says what is missing on one line and exits
+    3 (``cli.run``), whichever of them it imports first: never a traceback."""
+    proc = _run("flashref.bench", sub)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "is not installed" in proc.stderr or "flashref.gpu cannot run" in proc.stderr
