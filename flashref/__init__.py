@@ -95,4 +95,5 @@ def results_dir() -> Path:
         )
     return path
 
+
 _blas_flags.ignore_stray_matmul_flag()  # a CPU-dependent OpenBLAS flag, not a NaN: see _blas_flags

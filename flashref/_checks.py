@@ -15,14 +15,19 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+def masked_error(name: str) -> TypeError:
+    """The refusal of a ``numpy.ma.MaskedArray`` given as ``name``: ``np.asarray`` would drop
+    its mask without a word (``refuse_masked``; the GPU's host tables raise it too)."""
+    return TypeError(
+        f"{name} is a numpy.ma.MaskedArray, whose mask would be ignored; "
+        f"pass a plain ndarray such as {name}.filled(value)"
+    )
+
+
 def refuse_masked(x, name: str) -> None:
-    """A ``numpy.ma.MaskedArray`` is refused (a TypeError naming ``name``): ``np.asarray``
-    would drop its mask without a word."""
+    """A ``numpy.ma.MaskedArray`` is refused (``masked_error``)."""
     if isinstance(x, np.ma.MaskedArray):
-        raise TypeError(
-            f"{name} is a numpy.ma.MaskedArray, whose mask would be ignored; "
-            f"pass a plain ndarray such as {name}.filled(value)"
-        )
+        raise masked_error(name)
 
 
 def _asarray(x, name: str) -> np.ndarray:

@@ -335,7 +335,7 @@ def test_profile_backward_asks_ncu_and_writes_every_case(monkeypatch, tmp_path, 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(
-        profile, "_meta", lambda cp, **measured: {"gpu": "a GPU", "measured": measured}
+        profile, "run_meta", lambda cp, **measured: {"gpu": "a GPU", "measured": measured}
     )
     monkeypatch.setattr(ncu.subprocess, "run", fake_run)
     monkeypatch.setattr(profile, "profile", fake_profile)
@@ -369,7 +369,7 @@ def test_profile_backward_retries_without_its_counters_when_ncu_refuses(monkeypa
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {})
+    monkeypatch.setattr(profile, "run_meta", lambda cp, **measured: {})
     monkeypatch.setattr(
         ncu.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no")
     )
@@ -457,7 +457,7 @@ def test_profile_source_samples_the_version_it_names(monkeypatch, tmp_path, back
 
     monkeypatch.setattr(shutil, "which", lambda name: "/opt/ncu")
     monkeypatch.setattr(fg._runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(profile, "_meta", lambda cp, **measured: {})
+    monkeypatch.setattr(profile, "run_meta", lambda cp, **measured: {})
     monkeypatch.setattr(source, "source_profile", fake_source_profile)
     out = tmp_path / "src.json"
     argv = ["--source", "11", "--source-out", str(out), *(["--backward"] if backward else [])]

@@ -20,7 +20,7 @@ from ..._checks import (
     check_block,
     check_flag,
     check_scale,
-    refuse_masked,
+    masked_error,
 )
 from .._runtime import dtype_name
 from .versions import SM90A_VERSIONS, TILE_KEYS, TMA_ROWS
@@ -71,7 +71,8 @@ def check_kind(q, k, v, kname: str, vname: str):
 def host_ints(x, name: str, ndim: int) -> np.ndarray:
     """An integer array (NumPy, list, CuPy or torch) copied to the host, of rank ``ndim``
     (a masked array is refused: its mask would be dropped)."""
-    refuse_masked(x, name)
+    if isinstance(x, np.ma.MaskedArray):  # its mask would be dropped
+        raise masked_error(name)
     if hasattr(x, "detach"):  # torch
         x = x.detach().cpu().numpy()
     elif type(x).__module__.split(".")[0] == "cupy":
