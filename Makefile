@@ -15,10 +15,11 @@ CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: book test lint unit notebooks notebooks-other-blas browser test-gpu bench-cpu bench-gpu clean venv
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt -e .
+	@echo "Installing the book's packages into $(VENV) (pinned by constraints.txt; a few minutes the first time)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt pip
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -r requirements.txt -e .
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -64,3 +64,26 @@ def test_every_folder_of_python_modules_is_a_package_the_build_finds():
         if ".".join(f.relative_to(ROOT).parts) not in found
     )
     assert not missing, missing
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"{path.name}: {line!r} is not an exact pin"
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_the_lock_pins_everything_requirements_names_at_the_same_versions():
+    """constraints.txt (every package make installs, transitive ones included) holds each of
+    requirements.txt's packages at the version requirements.txt pins, and pip itself; make
+    installs with it."""
+    lock, wanted = _pins(ROOT / "constraints.txt"), _pins(ROOT / "requirements.txt")
+    assert "pip" in lock and len(lock) > 2 * len(wanted)
+    for name, version in wanted.items():
+        assert lock.get(name) == version, f"constraints.txt has {name}=={lock.get(name)}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-c constraints.txt -r requirements.txt" in makefile
