@@ -81,9 +81,23 @@ SAME_PTX: dict[str, dict[str, str]] = {
     "decode/2": {"b2eed6b2f0be2280": "1e8598c1dfca388f"},
     "decode/3": {"5514cc1d2928fd8a": "7d17557e30fe0435"},
     "decode/4": {"d4d07ccc50b604f1": "f18e89a249a8766c"},
-    "decode/5": {"2361e0481883455b": "a63c054f13320df7", "a63c054f13320df7": "2eee25c63f72e820"},
-    "decode/6": {"71625d8291c15c86": "538fb50f0030afdc", "538fb50f0030afdc": "aa19b4e9ac1381c8"},
-    "decode/7": {"9dc4871da3cec524": "0cd84d08688dd270", "0cd84d08688dd270": "e6b605cff9d1072d"},
+    # 179f203: the paged pools' row (pool_row) moved into paged_kv.cuh, which versions 5 to 7
+    # and the chunked prefill include; their builds byte-identical
+    "decode/5": {
+        "2361e0481883455b": "a63c054f13320df7",
+        "a63c054f13320df7": "2eee25c63f72e820",
+        "2eee25c63f72e820": "f9c59ede0a2f5fd9",
+    },
+    "decode/6": {
+        "71625d8291c15c86": "538fb50f0030afdc",
+        "538fb50f0030afdc": "aa19b4e9ac1381c8",
+        "aa19b4e9ac1381c8": "2ccf11564a30b544",
+    },
+    "decode/7": {
+        "9dc4871da3cec524": "0cd84d08688dd270",
+        "0cd84d08688dd270": "e6b605cff9d1072d",
+        "e6b605cff9d1072d": "fc062375197593c9",
+    },
     # cbfc4a1: the pieces backward versions 1 to 7 share (tile_loads.cuh) and 8 to 19 share
     # (dkdv_loop.cuh) moved into headers; every backward build byte-identical
     "backward/1": {"8468caaf177f868e": "5e5a8cbd43adfad3"},
@@ -173,7 +187,11 @@ SAME_PTX: dict[str, dict[str, str]] = {
     # 19 and decode 5 to 7 above, and the prefill's (by its path); comments only, every
     # build byte-identical
     "forward/29": {"5b30f56ad57884a2": "eaa4249e3d198e67"},
-    "decode/paged_prefill.cu": {"397ba023322216dc": "62db5eaa3c16cd27"},
+    # and 179f203's paged_kv.cuh (see decode 5 to 7 above): the prefill's second entry
+    "decode/paged_prefill.cu": {
+        "397ba023322216dc": "62db5eaa3c16cd27",
+        "62db5eaa3c16cd27": "36a4bbfbb1bee9e3",
+    },
 }
 
 

@@ -83,13 +83,14 @@ __device__ __forceinline__ void turn_end(int cw, int turn, int n_turns, bool mor
 }
 
 #include "hopper/tile_scheduler.cuh"  // work_tile (the order of the work tiles)
+#include "paged_kv.cuh"             // pool_row: a key's row of the paged pools
 
 // the pools' row of key k of the sequence (K/V head hkv), k in page `page`; past_end (rows
 // TMA fills with zeros) when k >= L: then every key of its box is past L
 __device__ __forceinline__ int kv_row(int page, int k, int L, int hkv, int Hkv, int page_size,
                                       int past_end)
 {
-    return k < L ? (page * Hkv + hkv) * page_size + k % page_size : past_end;
+    return k < L ? pool_row(page, k % page_size, hkv, Hkv, page_size) : past_end;
 }
 
 // the producer thread: a K and V tile of Bc keys, two boxes of 64 rows from the pools' rows

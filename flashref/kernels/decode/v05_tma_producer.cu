@@ -61,6 +61,7 @@
 #include "split_kv.cuh"        // D, MT, ROWS, NWARPS, NTHREADS, Bc, LDS, LDR, CHUNKS, RSTEP, merge_warps_v2
 #include "split_merge.cuh"     // combine_row_v3, decode_combine_v3, merge_if_last_split
 #include "hopper_common.cuh"      // mbarrier, tma_load_2d, fence_proxy_async, TensorMap
+#include "paged_kv.cuh"         // pool_row: a key's row of the paged pools
 
 #if HEAD_DIM == 128 && ROW_TILES == 2
 #define STAGES 6                  // (K, V) tiles of 64 keys in the ring
@@ -159,7 +160,7 @@ decode_split_kv_v5(const half_t* __restrict__ Q,   // (B, Hq, Nq, D)
                 const int c0 = (t0 + it) * Bc;  // the tile's first key, < L
                 int page = b, slot = c0;        // contiguous cache: page b of page_size = Nk slots
                 if (bt) page = bt[c0 / page_size], slot = c0 % page_size;
-                const int row = (page * Hkv + hkv) * page_size + slot;  // rows < 2^31 (host check)
+                const int row = pool_row(page, slot, hkv, Hkv, page_size);  // rows < 2^31 (host check)
                 const u32 Ks = ring + s * STAGE5_BYTES, Vs = Ks + KV_BYTES;
                 mbar_arrive_expect_tx(full + 8 * s, STAGE5_BYTES);
 #pragma unroll
