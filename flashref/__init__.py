@@ -17,6 +17,9 @@ The CPU reference implementations every chapter of the book builds on:
 - kvcache:    ``PagedKVCache`` (a pool of K/V pages, a block table per sequence),
               ``paged_attention`` (a batch of sequences of different lengths read
               through their block tables; bottom-right causal), ``CacheFullError``
+- varlen:     ``varlen_attention``, ``varlen_attention_backward`` (a packed batch:
+              sequences of different lengths end to end, ``cu_seqlens`` offsets, as
+              flash-attn's varlen functions take them)
 
 Every attention function takes grouped-query attention: q (..., Hq, N, d) with k, v
 (..., Hkv, N, d) and Hq a multiple of Hkv.
@@ -39,6 +42,7 @@ from .kvcache import CacheFullError, PagedKVCache, paged_attention
 from .ring import RingSchedule, ring_attention, shard_positions
 from .softmax import naive_softmax, online_softmax, safe_softmax
 from .state import SoftmaxState, merge_states, streaming_weighted_sum
+from .varlen import varlen_attention, varlen_attention_backward
 
 __all__ = [
     "CacheFullError",
@@ -62,6 +66,8 @@ __all__ = [
     "tiled_attention",
     "tiled_attention_backward",
     "tiled_attention_kv_outer",
+    "varlen_attention",
+    "varlen_attention_backward",
 ]
 
 __version__ = "0.1.0"

@@ -201,6 +201,7 @@ ROOT_MODULES = {
     "backward",
     "decode",
     "kvcache",
+    "varlen",
     "io_model",
     "tile_trace",
     "torch",
