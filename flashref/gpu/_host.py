@@ -54,12 +54,16 @@ def signature(arrays, scalars):
     say what is wrong. Built with as few Python steps as it can: every planned call pays
     for it."""
     try:
-        first = type(arrays[0])
-        if is_torch(arrays[0]):
+        if is_torch(arrays[0]):  # every tensor's device (a host table has none)
             parts = [
                 None
                 if x is None
-                else (type(x), x.shape, x.dtype, x.get_device() if type(x) is first else None)
+                else (
+                    type(x),
+                    x.shape,
+                    x.dtype,
+                    x.get_device() if hasattr(x, "get_device") else None,
+                )
                 for x in arrays
             ]
         else:
