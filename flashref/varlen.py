@@ -230,10 +230,12 @@ def varlen_attention_backward(
     ``flashref.tiled_attention_backward``.
 
     Args:
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-            seqused_k, block_q, block_k: as ``varlen_attention``.
-        o: ``(total_q, Hq, dv)``, the forward's output; lse: ``(Hq, total_q)``, its lse;
-            do: ``(total_q, Hq, dv)``, dLoss/dO.
+        q, k, v: as ``varlen_attention``.
+        o: ``(total_q, Hq, dv)``, the forward's output.
+        lse: ``(Hq, total_q)``, its lse (``varlen_attention(..., return_lse=True)``).
+        do: ``(total_q, Hq, dv)``, dLoss/dO.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as ``varlen_attention``.
+        causal, scale, seqused_k, block_q, block_k: as ``varlen_attention``.
 
     Returns:
         ``dq (total_q, Hq, d)``, ``dk (total_k, Hkv, d)``, ``dv (total_k, Hkv, dv)``; the keys
