@@ -80,8 +80,14 @@ def results_dir() -> Path:
 
     ``$FLASHREF_RESULTS`` where it is set (a chapter opened outside a checkout reads a copy
     of the files from there); otherwise the ``results/`` of the checkout this package runs
-    from. Raises ``FileNotFoundError`` saying where it looked and what to do when neither is
-    a folder (a wheel install carries no recorded files).
+    from.
+
+    Returns:
+        The folder, a ``pathlib.Path``.
+
+    Raises:
+        FileNotFoundError: neither is a folder (a wheel install carries no recorded files);
+            the message says where it looked and what to do.
     """
     where = os.environ.get(RESULTS_ENV)
     if where:

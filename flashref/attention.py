@@ -131,6 +131,10 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     Uses the max-subtracted (safe) softmax, so it does not overflow; its memory
     grows with Nq * Nk, which is exactly what tiling removes. See the module
     docstring for shapes, dtypes, the causal convention and masking.
+
+    Returns:
+        ``O (..., Hq, Nq, dv)`` in the inputs' common dtype, or ``(O, lse)`` with
+        ``return_lse=True`` (``lse (..., Hq, Nq)`` in the accumulation dtype).
     """
     q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "naive_attention"
@@ -170,6 +174,10 @@ def tiled_attention(
     as ``block_q=256, block_k=512``; the extra memory stays a few tiles.
     ``python -m flashref.bench cpu`` times naive against tiled attention, and
     a sweep of block sizes, on your machine.
+
+    Returns:
+        ``O (..., Hq, Nq, dv)``, or ``(O, lse)`` with ``return_lse=True``: as
+        ``naive_attention``, equal to it up to rounding.
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
@@ -209,6 +217,9 @@ def tiled_attention_kv_outer(
     ``tiled_attention``'s up to rounding; only the order of work differs.
     FlashAttention-2 swapped the loops (queries outer) so that each query
     tile's state stays on chip and query tiles run in parallel.
+
+    Returns:
+        ``O``, or ``(O, lse)``: as ``tiled_attention``.
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")

@@ -54,6 +54,9 @@ def split_bounds(Nk: int, num_splits: int) -> list[range]:
     Chunk ``s`` is ``range(s * Nk // num_splits, (s + 1) * Nk // num_splits)``: sizes
     differ by at most one, and with more splits than keys some chunks are empty (they
     are allowed, and merge as nothing).
+
+    Returns:
+        A list of ``num_splits`` ranges that cover ``range(Nk)`` in order.
     """
     Nk = check_block(Nk, "Nk", minimum=0)
     S = check_block(num_splits, "num_splits")

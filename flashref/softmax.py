@@ -41,6 +41,9 @@ def naive_softmax(x, axis: int = -1) -> np.ndarray:
     Overflows to inf (and then NaN) for large inputs, with NumPy's
     RuntimeWarning, on purpose: use ``safe_softmax`` for real work. The one
     addition to the textbook formula: a row of only ``-inf`` gives zeros.
+
+    Returns:
+        The weights, shaped like ``x``, summing to 1 along ``axis``.
     """
     x = as_float_array(x, "x")
     axis = check_axis(axis, x.ndim)
@@ -55,6 +58,10 @@ def safe_softmax(x, axis: int = -1) -> np.ndarray:
 
     A row of only ``-inf`` has ``max = -inf``; it is shifted by 0 instead, so its
     exponentials are 0 and so is its sum, and its weights are defined as 0.
+
+    Returns:
+        The weights, shaped like ``x``, summing to 1 along ``axis`` (0 for a row of
+        only ``-inf``).
     """
     x = as_float_array(x, "x")
     axis = check_axis(axis, x.ndim)

@@ -177,6 +177,9 @@ def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     ``l = a.l * exp(a.m - m) + b.l * exp(b.m - m)`` and likewise for ``o``.
     The result does not depend on the order of ``a`` and ``b``, and merging
     is associative up to floating-point rounding.
+
+    Returns:
+        A new ``SoftmaxState``, the state of the scores of ``a`` and ``b`` together.
     """
     for name, state in (("a", a), ("b", b)):
         if not isinstance(state, SoftmaxState):

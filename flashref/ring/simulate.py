@@ -99,6 +99,9 @@ def shard_positions(N: int, world_size: int, layout: str = "contiguous") -> list
     """The global positions each device holds: ``world_size`` int arrays ``(N / world_size,)``.
 
     Together they are a permutation of ``range(N)``; each is sorted.
+
+    Returns:
+        A list of ``world_size`` sorted int arrays, device ``r``'s positions at index ``r``.
     """
     if isinstance(N, bool) or not isinstance(N, numbers.Integral):
         raise TypeError(f"N must be an int, got {type(N).__name__}")

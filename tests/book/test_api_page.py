@@ -68,3 +68,17 @@ def test_every_public_function_and_class_is_on_the_api_page():
 
 def test_the_page_is_in_the_table_of_contents():
     assert "file: book/api" in (ROOT / "_toc.yml").read_text()
+
+
+def test_every_function_of_the_core_says_what_it_returns():
+    """``help(flashref.tiled_attention)`` and the API page say what each call gives back."""
+    import inspect
+
+    says = re.compile(r"\breturns?\b", re.IGNORECASE)  # not return_lse
+    silent = [
+        n
+        for n in flashref.__all__
+        if inspect.isfunction(getattr(flashref, n))
+        and not says.search(inspect.getdoc(getattr(flashref, n)) or "")
+    ]
+    assert not silent, f"these docstrings never say what the function returns: {silent}"
