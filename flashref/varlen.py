@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_block, check_causal, group_size, masked_error
+from ._checks import check_block, check_causal, group_size, refuse_masked
 from .attention import tiled_attention
 from .backward import tiled_attention_backward
 
@@ -41,8 +41,7 @@ def check_cu_seqlens(cu_seqlens, name: str, total: int) -> np.ndarray:
     """``cu_seqlens`` (a host array of ``B + 1`` integers) checked and returned as int64:
     ``cu_seqlens[0] == 0``, never decreasing, ``cu_seqlens[B] == total`` (the packed length);
     each error names ``name`` and the entry."""
-    if isinstance(cu_seqlens, np.ma.MaskedArray):
-        raise masked_error(name)
+    refuse_masked(cu_seqlens, name)
     try:
         cu = np.asarray(cu_seqlens)
     except Exception as exc:  # a ragged list, an object NumPy cannot convert
@@ -107,8 +106,7 @@ def _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     _check_max(max_seqlen_k, "max_seqlen_k", Lk, "keys")
     if seqused_k is None:
         return cu_q, cu_k, Lk
-    if isinstance(seqused_k, np.ma.MaskedArray):
-        raise masked_error("seqused_k")
+    refuse_masked(seqused_k, "seqused_k")
     used = np.asarray(seqused_k)
     if used.dtype.kind not in "iu":
         raise TypeError(f"seqused_k has dtype {used.dtype}; expected integers (int32)")

@@ -94,5 +94,8 @@ def test_bad_arguments_are_named(tool):
 def test_without_torch_it_says_so(tool, capsys):
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here: the tool would train")
-    assert tool.main(["--device", "cpu", "--attention", "sdpa", "--steps", "1"]) == 3
+    from flashref.bench import cli
+
+    argv = ["--device", "cpu", "--attention", "sdpa", "--steps", "1"]
+    assert cli.run(tool.main, tool.PROG, argv) == 3  # as python -m flashref.bench runs it
     assert "torch is not installed" in capsys.readouterr().err
