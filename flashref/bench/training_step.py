@@ -211,6 +211,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = parser.parse_args(argv)
     import torch  # missing: one line and exit 3 (cli.run)
+
     if "flashref" in args.attention and torch.device(args.device).type != "cuda":
         parser.error(f"--attention flashref runs on a CUDA device, not --device {args.device}")
 
