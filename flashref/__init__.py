@@ -17,6 +17,9 @@ The CPU reference implementations every chapter of the book builds on:
 - kvcache:    ``PagedKVCache`` (a pool of K/V pages, a block table per sequence),
               ``paged_attention`` (a batch of sequences of different lengths read
               through their block tables; bottom-right causal), ``CacheFullError``
+- variants:   ``flashref.variants`` (sliding windows, softcap, ALiBi, sinks, user
+              ``score_mod`` / ``mask_mod``, the block mask), keywords of the naive and
+              tiled attention functions, forward and backward
 - varlen:     ``varlen_attention``, ``varlen_attention_backward`` (a packed batch:
               sequences of different lengths end to end, ``cu_seqlens`` offsets, as
               flash-attn's varlen functions take them)

@@ -27,6 +27,9 @@ Conventions shared by every function here (and by ``flashref.gpu``):
   (Python or NumPy); anything else, such as the string ``"False"``, is a TypeError.
 - ``mask`` is boolean, broadcastable to ``(..., Nq, Nk)``, True meaning "may
   attend" (the SDPA convention). With ``causal`` too, both must allow a pair.
+- ``naive_attention`` and ``tiled_attention`` also take the variants of
+  ``flashref.variants`` as keywords (``window``, ``softcap``, ``alibi_slopes``,
+  ``sinks``, ``score_mod``, ``mask_mod``); none by default.
 - A query that may attend to no key (fully masked, or ``Nk == 0``) gets a zero
   output and ``lse = -inf``: no NaN, no warning.
 - ``return_lse=True`` returns ``(O, lse)``; ``lse (..., Nq)`` is the natural-log
@@ -51,6 +54,7 @@ from ._checks import (
     check_scale,
 )
 from .state import SoftmaxState
+from .variants import Variants
 
 
 def prepare_inputs(q, k, v, scale, mask, causal, return_lse, where="this function"):
@@ -125,12 +129,28 @@ def finish_output(O, lse, out_dtype, return_lse: bool):
     return (O, lse) if return_lse else O
 
 
-def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False):
+def naive_attention(
+    q,
+    k,
+    v,
+    *,
+    scale=None,
+    causal=False,
+    mask=None,
+    return_lse=False,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    sinks=None,
+    score_mod=None,
+    mask_mod=None,
+):
     """Attention the textbook way: materialise S (..., Nq, Nk), softmax it, multiply by V.
 
     Uses the max-subtracted (safe) softmax, so it does not overflow; its memory
     grows with Nq * Nk, which is exactly what tiling removes. See the module
-    docstring for shapes, dtypes, the causal convention and masking.
+    docstring for shapes, dtypes, the causal convention and masking; the arguments
+    from ``window`` on are the variants of ``flashref.variants`` (none by default).
 
     Returns:
         ``O (..., Hq, Nq, dv)`` in the inputs' common dtype, or ``(O, lse)`` with
@@ -139,21 +159,51 @@ def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=
     q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "naive_attention"
     )
+    var = Variants.of(
+        q,
+        k,
+        G,
+        scale.dtype,
+        causal,
+        "naive_attention",
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+    )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-    acc = scale.dtype
-    Q = pack_heads(load_tile(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
-    K, V = load_tile(k, range(Nk), acc), load_tile(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
+    rows, cols, acc = range(Nq), range(Nk), scale.dtype
+    Q = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Nq, d)
+    K, V = load_tile(k, cols, acc), load_tile(v, cols, acc)  # (..., Hkv, Nk, d / dv)
     S = Q @ np.swapaxes(K, -1, -2)  # (..., Hkv, G * Nq, Nk)
-    allowed = allowed_pairs(mask, causal, range(Nq), range(Nk), G)
+    S = var.scores(S, rows, cols)  # softcap, ALiBi, score_mod: S itself without them
+    allowed = var.allowed(allowed_pairs(mask, causal, rows, cols, G), rows, cols)
     if allowed is not None:
         S = np.where(allowed, S, -np.inf)
-    state = SoftmaxState.from_scores(S, V)  # one "tile" holding every key
+    state = var.first_state(S.shape[:-1], dv, rows).update(S, V)  # one "tile": every key
     O = state.result().reshape(q.shape[:-1] + (dv,))  # (..., Hq, Nq, dv)
     return finish_output(O, state.lse().reshape(q.shape[:-1]), out_dtype, return_lse)
 
 
 def tiled_attention(
-    q, k, v, *, block_q=64, block_k=64, scale=None, causal=False, mask=None, return_lse=False
+    q,
+    k,
+    v,
+    *,
+    block_q=64,
+    block_k=64,
+    scale=None,
+    causal=False,
+    mask=None,
+    return_lse=False,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    sinks=None,
+    score_mod=None,
+    mask_mod=None,
 ):
     """FlashAttention's tiled forward pass in NumPy (FlashAttention-2 loop order).
 
@@ -175,6 +225,11 @@ def tiled_attention(
     ``python -m flashref.bench cpu`` times naive against tiled attention, and
     a sweep of block sizes, on your machine.
 
+    The arguments from ``window`` on are the variants of ``flashref.variants``
+    (none by default): they change a tile's scores and mask, start each query
+    tile's state from the sink, and skip the tiles the window or ``mask_mod``
+    leaves empty.
+
     Returns:
         ``O (..., Hq, Nq, dv)``, or ``(O, lse)`` with ``return_lse=True``: as
         ``naive_attention``, equal to it up to rounding.
@@ -184,6 +239,20 @@ def tiled_attention(
     q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "tiled_attention"
     )
+    var = Variants.of(
+        q,
+        k,
+        G,
+        scale.dtype,
+        causal,
+        "tiled_attention",
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+    )
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
     O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Hq, Nq, dv)
@@ -191,14 +260,17 @@ def tiled_attention(
     for r0 in range(0, Nq, Br):  # Tr query tiles
         rows = range(r0, min(r0 + Br, Nq))
         Qi = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
-        state = SoftmaxState.empty(kv_batch + (G * len(rows),), dv, acc)
+        state = var.first_state(kv_batch + (G * len(rows),), dv, rows)  # empty, or a sink's
         k_end = min(Nk, rows.stop) if causal else Nk  # later key tiles are fully masked
         for c0 in range(0, k_end, Bc):  # Tc key tiles
             cols = range(c0, min(c0 + Bc, k_end))
+            if var.skips(rows, cols):
+                continue  # the window or mask_mod leaves no pair of this tile
             Kj = load_tile(k, cols, acc)  # (..., Hkv, Bc, d)
             Vj = load_tile(v, cols, acc)  # (..., Hkv, Bc, dv)
             S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
-            allowed = allowed_pairs(mask, causal, rows, cols, G)
+            S = var.scores(S, rows, cols)  # softcap, ALiBi, score_mod: S itself without them
+            allowed = var.allowed(allowed_pairs(mask, causal, rows, cols, G), rows, cols)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             state = state.update(S, Vj)

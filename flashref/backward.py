@@ -42,11 +42,14 @@ import numpy as np
 
 from ._checks import as_float_array, check_block
 from .attention import allowed_pairs, load_tile, pack_heads, prepare_inputs
+from .variants import Variants
 
 
-def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where="the backward"):
-    """Validate every argument before any work (q, k, v, scale and mask as the forward does)."""
+def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where, **variants):
+    """Validate every argument before any work (q, k, v, scale, mask and the variants as the
+    forward does)."""
     q, k, v, mask, scale, _, G = prepare_inputs(q, k, v, scale, mask, causal, False, where)
+    var = Variants.of(q, k, G, scale.dtype, causal, where, backward=True, **variants)
     causal = bool(causal)  # truthy exactly where it masks (prepare_inputs)
     o = as_float_array(o, "o")
     lse = as_float_array(lse, "lse")
@@ -62,7 +65,7 @@ def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where="the backw
         raise ValueError(
             f"lse has shape {lse.shape}; expected {q.shape[:-1]} (..., Nq) for q {q.shape}"
         )
-    return q, k, v, o, lse, do, mask, scale, causal, G
+    return q, k, v, o, lse, do, mask, scale, causal, G, var
 
 
 def _lse_for_exp(lse, dtype) -> np.ndarray:
@@ -78,34 +81,75 @@ def _lse_for_exp(lse, dtype) -> np.ndarray:
     return L
 
 
-def finish_output(q, k, v, dQ, dK, dV):
-    """The gradients in the dtypes of the inputs they belong to."""
-    return (
+def finish_output(q, k, v, dQ, dK, dV, var=None, L=None, D=None):
+    """The gradients in the dtypes of the inputs they belong to; with sinks, their gradient
+    (from ``L`` and ``D``, ``Variants.sink_grad``) comes fourth."""
+    grads = (
         dQ.astype(q.dtype, copy=False),
         dK.astype(k.dtype, copy=False),
         dV.astype(v.dtype, copy=False),
     )
+    if var is None or var.sinks is None:
+        return grads
+    return grads + (var.sink_grad(L, D),)
 
 
-def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, mask=None):
+def naive_attention_backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    *,
+    scale=None,
+    causal=False,
+    mask=None,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    sinks=None,
+    score_mod=None,
+    score_mod_grad=None,
+    mask_mod=None,
+):
     """The backward pass the textbook way: every (..., Nq, Nk) matrix materialised at once.
 
-    Returns ``(dq, dk, dv)``. Its memory grows with Nq * Nk (S, P, dP and dS), which is
-    what the tiled version removes. See the module docstring for the formulas, shapes,
-    dtypes and conventions.
+    Returns ``(dq, dk, dv)``, and ``dsinks`` fourth when ``sinks`` is given. Its memory
+    grows with Nq * Nk (S, P, dP and dS), which is what the tiled version removes. See the
+    module docstring for the formulas, shapes, dtypes and conventions; the arguments from
+    ``window`` on are the forward's variants (``flashref.variants``), and a ``score_mod``
+    needs ``score_mod_grad``, its derivative.
     """
-    q, k, v, o, lse, do, mask, scale, causal, G = _prepare_backward(
-        q, k, v, o, lse, do, scale, causal, mask, "naive_attention_backward"
+    q, k, v, o, lse, do, mask, scale, causal, G, var = _prepare_backward(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        scale,
+        causal,
+        mask,
+        "naive_attention_backward",
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        score_mod=score_mod,
+        score_mod_grad=score_mod_grad,
+        mask_mod=mask_mod,
     )
     Nq, Nk = q.shape[-2], k.shape[-2]
-    acc = scale.dtype
-    Q = pack_heads(load_tile(q, range(Nq), acc, scale), G)  # (..., Hkv, G * Nq, d)
-    K, V = load_tile(k, range(Nk), acc), load_tile(v, range(Nk), acc)  # (..., Hkv, Nk, d / dv)
-    O = pack_heads(load_tile(o, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
-    dO = pack_heads(load_tile(do, range(Nq), acc), G)  # (..., Hkv, G * Nq, dv)
+    rows, cols, acc = range(Nq), range(Nk), scale.dtype
+    Q = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Nq, d)
+    K, V = load_tile(k, cols, acc), load_tile(v, cols, acc)  # (..., Hkv, Nk, d / dv)
+    O = pack_heads(load_tile(o, rows, acc), G)  # (..., Hkv, G * Nq, dv)
+    dO = pack_heads(load_tile(do, rows, acc), G)  # (..., Hkv, G * Nq, dv)
     L = pack_heads(_lse_for_exp(lse, acc), G)  # (..., Hkv, G * Nq, 1)
     S = Q @ np.swapaxes(K, -1, -2)  # (..., Hkv, G * Nq, Nk)
-    allowed = allowed_pairs(mask, causal, range(Nq), range(Nk), G)
+    S, dS_ds = var.scores(S, rows, cols, grad=True)  # and their derivative, or None
+    allowed = var.allowed(allowed_pairs(mask, causal, rows, cols, G), rows, cols)
     if allowed is not None:
         S = np.where(allowed, S, -np.inf)
     P = np.exp(S - L)  # (..., Hkv, G * Nq, Nk), the forward's softmax
@@ -113,13 +157,33 @@ def naive_attention_backward(q, k, v, o, lse, do, *, scale=None, causal=False, m
     dP = dO @ np.swapaxes(V, -1, -2)  # (..., Hkv, G * Nq, Nk)
     D = np.sum(dO * O, axis=-1, keepdims=True)  # (..., Hkv, G * Nq, 1)
     dS = P * (dP - D)  # (..., Hkv, G * Nq, Nk)
+    if dS_ds is not None:
+        dS = dS * dS_ds  # the chain rule back through softcap and score_mod
     dQ = scale * (dS @ K)  # (..., Hkv, G * Nq, d)
     dK = np.swapaxes(dS, -1, -2) @ Q  # (..., Hkv, Nk, d); Q already carries the scale
-    return finish_output(q, k, v, dQ.reshape(q.shape), dK, dV)
+    return finish_output(q, k, v, dQ.reshape(q.shape), dK, dV, var, L, D)
 
 
 def tiled_attention_backward(
-    q, k, v, o, lse, do, *, block_q=64, block_k=64, scale=None, causal=False, mask=None
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    *,
+    block_q=64,
+    block_k=64,
+    scale=None,
+    causal=False,
+    mask=None,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    sinks=None,
+    score_mod=None,
+    score_mod_grad=None,
+    mask_mod=None,
 ):
     """FlashAttention-2's backward pass in NumPy: key/value tiles outside, query tiles inside.
 
@@ -131,12 +195,29 @@ def tiled_attention_backward(
     key tiles (on a GPU, in global memory by atomics or a second pass). No ``(Nq, Nk)``
     array is formed: extra memory grows with the block sizes. With ``causal``, query tiles
     entirely before the key tile's first key are skipped. Conventions as in the module
-    docstring.
+    docstring; the variants as in ``naive_attention_backward`` (``dsinks`` fourth with
+    ``sinks``), empty tiles of a window or ``mask_mod`` skipped as in the forward.
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
-    q, k, v, o, lse, do, mask, scale, causal, G = _prepare_backward(
-        q, k, v, o, lse, do, scale, causal, mask, "tiled_attention_backward"
+    q, k, v, o, lse, do, mask, scale, causal, G, var = _prepare_backward(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        scale,
+        causal,
+        mask,
+        "tiled_attention_backward",
+        window=window,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        score_mod=score_mod,
+        score_mod_grad=score_mod_grad,
+        mask_mod=mask_mod,
     )
     Nq, Nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
@@ -158,21 +239,26 @@ def tiled_attention_backward(
         r_start = c0 // Br * Br if causal else 0  # earlier query tiles see none of these keys
         for r0 in range(r_start, Nq, Br):  # inner: Tr query tiles
             rows = range(r0, min(r0 + Br, Nq))
+            if var.skips(rows, cols):
+                continue  # the window or mask_mod leaves no pair of this tile
             Qi = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Br, d), scaled
             dOi = pack_heads(load_tile(do, rows, acc), G)  # (..., Hkv, G * Br, dv)
             Li = pack_heads(L[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
             Di = pack_heads(D[..., rows.start : rows.stop, :], G)  # (..., Hkv, G * Br, 1)
             S = Qi @ np.swapaxes(Kj, -1, -2)  # (..., Hkv, G * Br, Bc)
-            allowed = allowed_pairs(mask, causal, rows, cols, G)
+            S, dS_ds = var.scores(S, rows, cols, grad=True)  # and their derivative, or None
+            allowed = var.allowed(allowed_pairs(mask, causal, rows, cols, G), rows, cols)
             if allowed is not None:
                 S = np.where(allowed, S, -np.inf)
             P = np.exp(S - Li)  # (..., Hkv, G * Br, Bc), recomputed
             dVj += np.swapaxes(P, -1, -2) @ dOi  # (..., Hkv, Bc, dv), over the group's heads
             dP = dOi @ np.swapaxes(Vj, -1, -2)  # (..., Hkv, G * Br, Bc)
             dS = P * (dP - Di)  # (..., Hkv, G * Br, Bc)
+            if dS_ds is not None:
+                dS = dS * dS_ds  # the chain rule back through softcap and score_mod
             dQi = dQ[..., rows.start : rows.stop, :]  # (..., Hq, Br, d), a view
             dQi += (scale * (dS @ Kj)).reshape(dQi.shape)  # (..., Hkv, G * Br, d) to its heads
             dKj += np.swapaxes(dS, -1, -2) @ Qi  # (..., Hkv, Bc, d); Qi carries the scale
         dK[..., cols.start : cols.stop, :] = dKj  # each dK_j, dV_j written once
         dV[..., cols.start : cols.stop, :] = dVj
-    return finish_output(q, k, v, dQ, dK, dV)
+    return finish_output(q, k, v, dQ, dK, dV, var, L, D)

@@ -339,3 +339,72 @@ def causal_refusal(bad) -> tuple[type, str]:
     got = repr(bad) if isinstance(bad, str) else type(bad).__name__
     error = ValueError if isinstance(bad, str) else TypeError
     return error, f"causal must be False, True, 'top_left' or 'bottom_right', got {got}"
+
+
+def variant_attention_ref(
+    q,
+    k,
+    v,
+    *,
+    causal=None,
+    window=None,
+    softcap=None,
+    alibi=None,
+    sinks=None,
+    score_mod=None,
+    mask_mod=None,
+):
+    """Attention with the variants of ``flashref.variants``, in float64, one query row at a
+    time, written from their definitions: returns ``(O, lse)``.
+
+    q (B, Hq, Nq, d), k and v (B, Hkv, Nk, .) with query head h reading K/V head
+    ``h // (Hq // Hkv)``. For the pair (i, j) of batch b and head h: ``s = q . k / sqrt(d)``;
+    ``s = c tanh(s / c)``; ``s -= slope[h] |i + Nk - Nq - j|``; ``s = score_mod(s, b, h, i, j)``.
+    The pair attends if the causal edge (``"top_left"``: ``j <= i``; ``"bottom_right"``:
+    ``j <= i + Nk - Nq``), the window (``i + Nk - Nq - left <= j <= i + Nk - Nq + right``,
+    ``-1`` unbounded) and ``mask_mod(b, h, i, j)`` all allow it. ``lse = log(sum_j e^s_j +
+    e^sink[h])``, ``O = sum_j e^(s_j - lse) v_j``; with neither key nor sink, O = 0 and
+    lse = -inf. The user functions get Python ints and floats.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    O = np.zeros((B, Hq, Nq, v.shape[-1]))
+    lse = np.full((B, Hq, Nq), -np.inf)
+    for b in range(B):
+        for h in range(Hq):
+            for i in range(Nq):
+                terms, weights_of = [], []
+                for j in range(Nk):
+                    if causal == "top_left" and j > i:
+                        continue
+                    if causal == "bottom_right" and j > i + Nk - Nq:
+                        continue
+                    if window is not None:
+                        left, right = window
+                        if left >= 0 and j < i + Nk - Nq - left:
+                            continue
+                        if right >= 0 and j > i + Nk - Nq + right:
+                            continue
+                    if mask_mod is not None and not mask_mod(b, h, i, j):
+                        continue
+                    s = float(q[b, h, i] @ k[b, h // G, j]) / math.sqrt(d)
+                    if softcap is not None:
+                        s = softcap * math.tanh(s / softcap)
+                    if alibi is not None:
+                        s -= float(alibi[h]) * abs(i + Nk - Nq - j)
+                    if score_mod is not None:
+                        s = float(score_mod(s, b, h, i, j))
+                    terms.append(s)
+                    weights_of.append(j)
+                if sinks is not None:
+                    terms.append(float(sinks[h]))
+                if not terms:
+                    continue
+                m = max(terms)
+                total = math.fsum(math.exp(t - m) for t in terms)
+                lse[b, h, i] = m + math.log(total)
+                for s, j in zip(terms, weights_of, strict=False):  # the sink has no value
+                    O[b, h, i] += math.exp(s - lse[b, h, i]) * v[b, h // G, j]
+    return O, lse

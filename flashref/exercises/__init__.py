@@ -54,6 +54,9 @@ _CHECKERS = {
     "check_warp_tiles": "beyond",
     "check_lazy_update": "beyond",
     "check_l2_walk": "beyond",
+    "check_window_tiles": "variants",
+    "check_sink_grad": "variants",
+    "check_softcap_grad": "variants",
 }
 
 __all__ = ["CheckResult", "Failure", *_CHECKERS]

@@ -1,5 +1,5 @@
 """The API reference page (book/api.md) lists every public function and class of
-``flashref``, ``flashref.gpu``, ``flashref.torch``, ``flashref.exercises`` (the checkers,
+``flashref``, ``flashref.variants``, ``flashref.gpu``, ``flashref.torch``, ``flashref.exercises`` (the checkers,
 ``CheckResult``) and ``flashref.ring.dist``: a public name added to the library
 and not to the page fails here. The page's entries are autodoc directives, so the strict
 book build (``make book``) renders each from its docstring."""
@@ -13,6 +13,7 @@ from pathlib import Path
 import flashref
 import flashref.exercises
 import flashref.gpu
+import flashref.variants
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "book" / "api.md"
@@ -59,7 +60,7 @@ def _dist_public() -> set[str]:
 def test_every_public_function_and_class_is_on_the_api_page():
     documented = _documented()
     want = _public(flashref) | _public(flashref.gpu) | _torch_public()
-    want |= _public(flashref.exercises) | _dist_public()
+    want |= _public(flashref.exercises) | _public(flashref.variants) | _dist_public()
     want -= {"flashref.gpu.Version", "flashref.gpu.BwdVersion"}  # registries: chapters 5, 8
     missing = sorted(want - documented)
     assert not missing, f"book/api.md does not list: {missing}"

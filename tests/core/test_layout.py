@@ -202,6 +202,7 @@ ROOT_MODULES = {
     "decode",
     "kvcache",
     "varlen",
+    "variants",
     "io_model",
     "tile_trace",
     "torch",
