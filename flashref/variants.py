@@ -101,7 +101,8 @@ def _check_per_head(x, name: str, heads: tuple, allow_neg_inf: bool):
         raise ValueError(f"{name} has shape {x.shape}; expected {heads}, one value per query head")
     bad = np.isnan(x) | np.isposinf(x) | (np.isneginf(x) & (not allow_neg_inf))
     if bad.any():
-        raise ValueError(f"{name} holds {x[bad].ravel()[0]}; expected finite values")
+        also = " (or -inf: no sink)" if allow_neg_inf else ""
+        raise ValueError(f"{name} holds {x[bad].ravel()[0]}; expected finite values{also}")
     return x
 
 
@@ -114,8 +115,8 @@ def _check_callable(f, name: str):
 class Variants:
     """The variants of one call, bound to its shapes: what a tile loop asks of them.
 
-    Made by ``Variants.of``; ``none`` is true when no variant is given, and then every method
-    returns what the plain function would use (the same arrays, no arithmetic).
+    Made by ``Variants.of``. With no variant given, every method returns what the plain
+    function would use (the same arrays, no arithmetic).
     """
 
     def __init__(self, shape_q, Nk, G, dtype, causal, window, softcap, alibi, sinks, mods):
@@ -123,7 +124,6 @@ class Variants:
         self.dtype, self.causal, self.window, self.softcap = dtype, causal, window, softcap
         self.alibi, self.sinks = alibi, sinks
         self.score_mod, self.score_mod_grad, self.mask_mod = mods
-        self.none = all(x is None for x in (window, softcap, alibi, sinks, *mods))
         self._memo = (None, None, None)  # the last tile's own mask (_own_mask)
         n = len(shape_q)
         if n == 2:  # (N, d): no head axis, no batch
@@ -361,9 +361,9 @@ class Variants:
     def sink_grad(self, L, D):
         """d(loss)/d(sinks): ``-sum over rows of exp(sink - lse) * D``, per head.
 
-        ``L`` (..., Hq, Nq, 1), or packed as a tile's rows, is lse made ready for ``exp`` (``-inf`` as ``+inf``), ``D`` the
-        rows' ``rowsum(dO * O)``. The sink is a score whose value is zero, so its ``dP`` is 0
-        and its ``dS = P_sink * (0 - D)``.
+        ``L`` (..., Hq, Nq, 1), or packed as a tile's rows, is lse made ready for ``exp``
+        (``-inf`` as ``+inf``), ``D`` the rows' ``rowsum(dO * O)``. The sink is a score whose
+        value is zero, so its ``dP`` is 0 and its ``dS = P_sink * (0 - D)``.
         """
         if self.sinks is None:
             return None

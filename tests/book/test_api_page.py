@@ -1,8 +1,9 @@
 """The API reference page (book/api.md) lists every public function and class of
-``flashref``, ``flashref.variants``, ``flashref.gpu``, ``flashref.torch``, ``flashref.exercises`` (the checkers,
-``CheckResult``) and ``flashref.ring.dist``: a public name added to the library
-and not to the page fails here. The page's entries are autodoc directives, so the strict
-book build (``make book``) renders each from its docstring."""
+``flashref``, ``flashref.variants``, ``flashref.gpu``, ``flashref.torch``,
+``flashref.exercises`` (the checkers, ``CheckResult``) and ``flashref.ring.dist``: a
+public name added to the library and not to the page fails here. The page's entries are
+autodoc directives, so the strict book build (``make book``) renders each from its
+docstring."""
 
 from __future__ import annotations
 
