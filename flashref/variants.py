@@ -192,13 +192,14 @@ class Variants:
     # -- the pieces of a tile ------------------------------------------------------------
     def _unpacked(self, S):
         """A packed score tile (..., Hkv, G * Br, Bc) as (..., Hq, Br, Bc) (a view)."""
-        return S.reshape(self.batch + (-1, S.shape[-1]))
+        return S.reshape(self.batch + (S.shape[-2] // self.G, S.shape[-1]))
 
     def _packed(self, x):
         """A tile (..., Hq, Br, Bc) packed as ``attention.pack_heads`` packs the rows."""
         if self.G == 1:
             return x
-        return x.reshape(self.batch[:-1] + (self.batch[-1] // self.G, -1, x.shape[-1]))
+        Hkv, GBr = self.batch[-1] // self.G, self.G * x.shape[-2]
+        return x.reshape(self.batch[:-1] + (Hkv, GBr, x.shape[-1]))
 
     def _result(self, x, name, tile_shape, kind):
         """The output of a user function, checked: it must broadcast to the tile."""
@@ -367,7 +368,8 @@ class Variants:
         """
         if self.sinks is None:
             return None
-        L, D = L.reshape(self.batch + (-1, 1)), D.reshape(self.batch + (-1, 1))  # unpacked
+        rows = self.batch + (self.Nq, 1)
+        L, D = L.reshape(rows), D.reshape(rows)  # (..., Hq, Nq, 1), unpacked
         P_sink = np.exp(self.sinks.astype(self.dtype)[..., None, None] - L)  # (..., Hq, Nq, 1)
         per_head = -(P_sink * D).sum(axis=(-2, -1))  # (..., Hq)
         per_head = per_head.reshape((-1,) + self.sinks.shape).sum(axis=0)

@@ -20,6 +20,11 @@ sequence's last ``Lq`` positions) or ``"top_left"`` (``j <= i``). ``True`` is re
 packed batch the query and key lengths of a sequence often differ, and ``True`` would not
 say which of the two masks is meant (flash-attn's is bottom-right, SDPA's top-left).
 
+The variants of ``flashref.variants`` (``window``, ``softcap``, ``alibi_slopes``, ``sinks``)
+apply to each sequence on its own, the window and ALiBi on the sequence's diagonal
+``j = i + Lk - Lq`` (as flash-attn's ``window_size`` in its varlen functions); a sink is one
+logit per head for every sequence, so the backward returns its gradient summed over them.
+
 ``max_seqlen_q`` and ``max_seqlen_k`` are what a GPU kernel sizes its grid by: here each is
 checked to be at least the longest sequence's length. The offsets are host arrays of
 integers, every value checked (from 0, never decreasing, ending at the packed length),
@@ -165,6 +170,10 @@ def varlen_attention(
     return_lse=False,
     block_q=64,
     block_k=64,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    sinks=None,
 ):
     """Attention of a packed batch, each sequence on its own (see the module).
 
@@ -177,6 +186,8 @@ def varlen_attention(
         seqused_k: optional ``(B,)`` integers, the keys each sequence uses (its first ones).
         return_lse: also return ``lse (Hq, total_q)``, as flash-attn lays it out.
         block_q, block_k: the tiles of ``flashref.tiled_attention``.
+        window, softcap, alibi_slopes, sinks: the variants of ``flashref.variants``, each
+            sequence on its own (the window and ALiBi on its diagonal ``j = i + Lk - Lq``).
 
     Returns:
         ``O (total_q, Hq, dv)`` in q's dtype, or ``(O, lse)``.
@@ -189,6 +200,7 @@ def varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k
     )
     tiles = {"block_q": block_q, "block_k": block_k, "scale": scale}
+    tiles |= {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes, "sinks": sinks}
     parts = []  # (queries' slice, O (Hq, Lq, dv), lse (Hq, Lq)) of each sequence
     for q0, q1, k0, Lk in _sequences(cu_q, cu_k, used):
         mode, mask = _mask(causal, q1 - q0, Lk)
@@ -198,7 +210,7 @@ def varlen_attention(
         parts.append((slice(q0, q1), Os, ls))
     if not parts:  # no sequence: the dense function's dtypes from an empty call
         empty = [_heads_first(x[:0]) for x in (q, k, v)]
-        parts.append((slice(0, 0), *tiled_attention(*empty, scale=scale, return_lse=True)))
+        parts.append((slice(0, 0), *tiled_attention(*empty, return_lse=True, **tiles)))
     O = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=parts[0][1].dtype)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=parts[0][2].dtype)
     for rows, Os, ls in parts:
@@ -223,9 +235,14 @@ def varlen_attention_backward(
     seqused_k=None,
     block_q=64,
     block_k=64,
+    window=None,
+    softcap=None,
+    alibi_slopes=None,
+    sinks=None,
 ):
     """Gradients ``(dq, dk, dv)`` of ``varlen_attention``, each sequence on its own through
-    ``flashref.tiled_attention_backward``.
+    ``flashref.tiled_attention_backward``; with ``sinks``, their gradient (summed over the
+    sequences) comes fourth.
 
     Args:
         q, k, v: as ``varlen_attention``.
@@ -234,6 +251,7 @@ def varlen_attention_backward(
         do: ``(total_q, Hq, dv)``, dLoss/dO.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as ``varlen_attention``.
         causal, scale, seqused_k, block_q, block_k: as ``varlen_attention``.
+        window, softcap, alibi_slopes, sinks: as ``varlen_attention``.
 
     Returns:
         ``dq (total_q, Hq, d)``, ``dk (total_k, Hkv, d)``, ``dv (total_k, Hkv, dv)``; the keys
@@ -259,7 +277,8 @@ def varlen_attention_backward(
             f"{(q.shape[1], q.shape[0])} (Hq, total_q), as varlen_attention returns it"
         )
     tiles = {"block_q": block_q, "block_k": block_k, "scale": scale}
-    parts = []  # (queries' slice, keys' slice, dq, dk, dv) of each sequence
+    tiles |= {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes, "sinks": sinks}
+    parts = []  # (queries' slice, keys' slice, dq, dk, dv[, dsinks]) of each sequence
     for q0, q1, k0, Lk in _sequences(cu_q, cu_k, used):
         mode, mask = _mask(causal, q1 - q0, Lk)
         rows, keys = slice(q0, q1), slice(k0, k0 + Lk)
@@ -270,10 +289,12 @@ def varlen_attention_backward(
         parts.append((rows, keys, *grads))
     if not parts:  # no sequence: the dense function's dtypes from an empty call
         empty = [_heads_first(x[:0]) for x in (q, k, v, o)] + [lse[:, :0], _heads_first(do[:0])]
-        parts.append((slice(0, 0), slice(0, 0), *tiled_attention_backward(*empty, scale=scale)))
+        parts.append((slice(0, 0), slice(0, 0), *tiled_attention_backward(*empty, **tiles)))
     dq, dk, dv = (
-        np.zeros(x.shape, dtype=g.dtype) for x, g in zip((q, k, v), parts[0][2:], strict=True)
+        np.zeros(x.shape, dtype=g.dtype) for x, g in zip((q, k, v), parts[0][2:5], strict=True)
     )
-    for rows, keys, dqs, dks, dvs in parts:
+    for rows, keys, dqs, dks, dvs, *_ in parts:
         dq[rows], dk[keys], dv[keys] = _heads_first(dqs), _heads_first(dks), _heads_first(dvs)
-    return dq, dk, dv
+    if sinks is None:
+        return dq, dk, dv
+    return dq, dk, dv, sum(part[5] for part in parts)  # one sink per head, every sequence's

@@ -398,7 +398,7 @@ def variant_attention_ref(
                         s = float(score_mod(s, b, h, i, j))
                     terms.append(s)
                     weights_of.append(j)
-                if sinks is not None:
+                if sinks is not None and sinks[h] > -np.inf:  # -inf: no sink
                     terms.append(float(sinks[h]))
                 if not terms:
                     continue

@@ -12,6 +12,7 @@ from reference import (
     attention_backward_gqa_ref,
     attention_gqa_ref,
     bottom_right_pairs,
+    variant_attention_ref,
 )
 
 import flashref
@@ -184,3 +185,53 @@ def test_the_backward_names_a_misshapen_output():
         varlen_attention_backward(q, k, v, O, lse.T, O, cq, ck, 70, 81)
     with pytest.raises(ValueError, match=r"do has shape \(88, 4\); expected \(88, 4, 6\)"):
         varlen_attention_backward(q, k, v, O, lse, O[..., 0], cq, ck, 70, 81)
+
+
+VARIANT = {
+    "window": (5, 0),
+    "softcap": 2.5,
+    "alibi_slopes": np.array([0.5, 0.25, 0.125, 0.0625]),
+    "sinks": np.array([0.0, 1.0, -np.inf, 0.5]),
+}
+
+
+def test_each_sequence_takes_the_variants_on_its_own_diagonal():
+    """The window, softcap, ALiBi and sinks of flashref.variants, sequence by sequence, against
+    the pair-by-pair float64 reference (the window and ALiBi on j = i + Lk - Lq)."""
+    q, k, v, cq, ck = _packed(5)
+    O, lse = varlen_attention(
+        q, k, v, cq, ck, 70, 81, causal="bottom_right", return_lse=True, block_k=16, **VARIANT
+    )
+    for b in range(len(LQ)):
+        args = [_sequence(x, c, b)[None] for x, c in ((q, cq), (k, ck), (v, ck))]
+        want, want_lse = variant_attention_ref(
+            *args,
+            causal="bottom_right",
+            window=VARIANT["window"],
+            softcap=VARIANT["softcap"],
+            alibi=VARIANT["alibi_slopes"],
+            sinks=VARIANT["sinks"],
+        )
+        got = np.swapaxes(O[cq[b] : cq[b + 1]], 0, 1)
+        np.testing.assert_allclose(got, want[0], rtol=0, atol=1e-12, err_msg=f"sequence {b}")
+        np.testing.assert_allclose(lse[:, cq[b] : cq[b + 1]], want_lse[0], rtol=1e-12)
+
+
+def test_the_sinks_gradient_sums_over_the_sequences():
+    q, k, v, cq, ck = _packed(6)
+    O, lse = varlen_attention(q, k, v, cq, ck, 70, 81, return_lse=True, **VARIANT)
+    do = np.random.default_rng(7).standard_normal(O.shape)
+    dq, dk, dv, dsinks = varlen_attention_backward(
+        q, k, v, O, lse, do, cq, ck, 70, 81, block_q=32, **VARIANT
+    )
+    total = np.zeros(HQ)
+    for b in range(len(LQ)):
+        seq = [_sequence(x, c, b) for x, c in ((q, cq), (k, ck), (v, ck), (O, cq))]
+        grads = flashref.naive_attention_backward(
+            *seq, lse[:, cq[b] : cq[b + 1]], _sequence(do, cq, b), **VARIANT
+        )
+        np.testing.assert_allclose(_sequence(dq, cq, b), grads[0], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(_sequence(dk, ck, b), grads[1], rtol=0, atol=1e-12)
+        total += grads[3]
+    np.testing.assert_allclose(dsinks, total, rtol=1e-12)
+    assert dsinks[2] == 0  # the head without a sink
