@@ -28,8 +28,8 @@ Conventions shared by every function here (and by ``flashref.gpu``):
 - ``mask`` is boolean, broadcastable to ``(..., Nq, Nk)``, True meaning "may
   attend" (the SDPA convention). With ``causal`` too, both must allow a pair.
 - ``naive_attention`` and ``tiled_attention`` also take the variants of
-  ``flashref.variants`` as keywords (``window``, ``softcap``, ``alibi_slopes``,
-  ``sinks``, ``score_mod``, ``mask_mod``); none by default.
+  ``flashref.variants`` as keywords (``**variants``: ``window``, ``softcap``,
+  ``alibi_slopes``, ``sinks``, ``score_mod``, ``mask_mod``); none by default.
 - A query that may attend to no key (fully masked, or ``Nk == 0``) gets a zero
   output and ``lse = -inf``: no NaN, no warning.
 - ``return_lse=True`` returns ``(O, lse)``; ``lse (..., Nq)`` is the natural-log
@@ -129,28 +129,14 @@ def finish_output(O, lse, out_dtype, return_lse: bool):
     return (O, lse) if return_lse else O
 
 
-def naive_attention(
-    q,
-    k,
-    v,
-    *,
-    scale=None,
-    causal=False,
-    mask=None,
-    return_lse=False,
-    window=None,
-    softcap=None,
-    alibi_slopes=None,
-    sinks=None,
-    score_mod=None,
-    mask_mod=None,
-):
+def naive_attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False, **variants):
     """Attention the textbook way: materialise S (..., Nq, Nk), softmax it, multiply by V.
 
     Uses the max-subtracted (safe) softmax, so it does not overflow; its memory
     grows with Nq * Nk, which is exactly what tiling removes. See the module
-    docstring for shapes, dtypes, the causal convention and masking; the arguments
-    from ``window`` on are the variants of ``flashref.variants`` (none by default).
+    docstring for shapes, dtypes, the causal convention and masking; ``**variants`` are
+    the keywords of ``flashref.variants`` (``window``, ``softcap``, ``alibi_slopes``,
+    ``sinks``, ``score_mod``, ``mask_mod``), none by default.
 
     Returns:
         ``O (..., Hq, Nq, dv)`` in the inputs' common dtype, or ``(O, lse)`` with
@@ -159,20 +145,7 @@ def naive_attention(
     q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "naive_attention"
     )
-    var = Variants.of(
-        q,
-        k,
-        G,
-        scale.dtype,
-        causal,
-        "naive_attention",
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-    )
+    var = Variants.of(q, k, G, scale.dtype, causal, "naive_attention", variants)
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     rows, cols, acc = range(Nq), range(Nk), scale.dtype
     Q = pack_heads(load_tile(q, rows, acc, scale), G)  # (..., Hkv, G * Nq, d)
@@ -198,12 +171,7 @@ def tiled_attention(
     causal=False,
     mask=None,
     return_lse=False,
-    window=None,
-    softcap=None,
-    alibi_slopes=None,
-    sinks=None,
-    score_mod=None,
-    mask_mod=None,
+    **variants,
 ):
     """FlashAttention's tiled forward pass in NumPy (FlashAttention-2 loop order).
 
@@ -225,10 +193,9 @@ def tiled_attention(
     ``python -m flashref.bench cpu`` times naive against tiled attention, and
     a sweep of block sizes, on your machine.
 
-    The arguments from ``window`` on are the variants of ``flashref.variants``
-    (none by default): they change a tile's scores and mask, start each query
-    tile's state from the sink, and skip the tiles the window or ``mask_mod``
-    leaves empty.
+    ``**variants`` are the keywords of ``flashref.variants`` (none by default):
+    they change a tile's scores and mask, start each query tile's state from the
+    sink, and skip the tiles the window or ``mask_mod`` leaves empty.
 
     Returns:
         ``O (..., Hq, Nq, dv)``, or ``(O, lse)`` with ``return_lse=True``: as
@@ -239,20 +206,7 @@ def tiled_attention(
     q, k, v, mask, scale, out_dtype, G = prepare_inputs(
         q, k, v, scale, mask, causal, return_lse, "tiled_attention"
     )
-    var = Variants.of(
-        q,
-        k,
-        G,
-        scale.dtype,
-        causal,
-        "tiled_attention",
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        score_mod=score_mod,
-        mask_mod=mask_mod,
-    )
+    var = Variants.of(q, k, G, scale.dtype, causal, "tiled_attention", variants)
     Nq, Nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
     O = np.empty(batch + (Nq, dv), dtype=acc)  # (..., Hq, Nq, dv)

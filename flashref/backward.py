@@ -45,11 +45,11 @@ from .attention import allowed_pairs, load_tile, pack_heads, prepare_inputs
 from .variants import Variants
 
 
-def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where, **variants):
+def _prepare_backward(q, k, v, o, lse, do, scale, causal, mask, where, variants):
     """Validate every argument before any work (q, k, v, scale, mask and the variants as the
     forward does)."""
     q, k, v, mask, scale, _, G = prepare_inputs(q, k, v, scale, mask, causal, False, where)
-    var = Variants.of(q, k, G, scale.dtype, causal, where, backward=True, **variants)
+    var = Variants.of(q, k, G, scale.dtype, causal, where, variants, backward=True)
     causal = bool(causal)  # truthy exactly where it masks (prepare_inputs)
     o = as_float_array(o, "o")
     lse = as_float_array(lse, "lse")
@@ -95,50 +95,18 @@ def finish_output(q, k, v, dQ, dK, dV, var=None, L=None, D=None):
 
 
 def naive_attention_backward(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    *,
-    scale=None,
-    causal=False,
-    mask=None,
-    window=None,
-    softcap=None,
-    alibi_slopes=None,
-    sinks=None,
-    score_mod=None,
-    score_mod_grad=None,
-    mask_mod=None,
+    q, k, v, o, lse, do, *, scale=None, causal=False, mask=None, **variants
 ):
     """The backward pass the textbook way: every (..., Nq, Nk) matrix materialised at once.
 
     Returns ``(dq, dk, dv)``, and ``dsinks`` fourth when ``sinks`` is given. Its memory
     grows with Nq * Nk (S, P, dP and dS), which is what the tiled version removes. See the
-    module docstring for the formulas, shapes, dtypes and conventions; the arguments from
-    ``window`` on are the forward's variants (``flashref.variants``), and a ``score_mod``
-    needs ``score_mod_grad``, its derivative.
+    module docstring for the formulas, shapes, dtypes and conventions; ``**variants`` are
+    the forward's (``flashref.variants``), and a ``score_mod`` needs ``score_mod_grad``,
+    its derivative.
     """
     q, k, v, o, lse, do, mask, scale, causal, G, var = _prepare_backward(
-        q,
-        k,
-        v,
-        o,
-        lse,
-        do,
-        scale,
-        causal,
-        mask,
-        "naive_attention_backward",
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        score_mod=score_mod,
-        score_mod_grad=score_mod_grad,
-        mask_mod=mask_mod,
+        q, k, v, o, lse, do, scale, causal, mask, "naive_attention_backward", variants
     )
     Nq, Nk = q.shape[-2], k.shape[-2]
     rows, cols, acc = range(Nq), range(Nk), scale.dtype
@@ -157,33 +125,14 @@ def naive_attention_backward(
     dP = dO @ np.swapaxes(V, -1, -2)  # (..., Hkv, G * Nq, Nk)
     D = np.sum(dO * O, axis=-1, keepdims=True)  # (..., Hkv, G * Nq, 1)
     dS = P * (dP - D)  # (..., Hkv, G * Nq, Nk)
-    if dS_ds is not None:
-        dS = dS * dS_ds  # the chain rule back through softcap and score_mod
+    dS = dS if dS_ds is None else dS * dS_ds  # the chain rule: softcap, score_mod
     dQ = scale * (dS @ K)  # (..., Hkv, G * Nq, d)
     dK = np.swapaxes(dS, -1, -2) @ Q  # (..., Hkv, Nk, d); Q already carries the scale
     return finish_output(q, k, v, dQ.reshape(q.shape), dK, dV, var, L, D)
 
 
 def tiled_attention_backward(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    *,
-    block_q=64,
-    block_k=64,
-    scale=None,
-    causal=False,
-    mask=None,
-    window=None,
-    softcap=None,
-    alibi_slopes=None,
-    sinks=None,
-    score_mod=None,
-    score_mod_grad=None,
-    mask_mod=None,
+    q, k, v, o, lse, do, *, block_q=64, block_k=64, scale=None, causal=False, mask=None, **variants
 ):
     """FlashAttention-2's backward pass in NumPy: key/value tiles outside, query tiles inside.
 
@@ -195,29 +144,12 @@ def tiled_attention_backward(
     key tiles (on a GPU, in global memory by atomics or a second pass). No ``(Nq, Nk)``
     array is formed: extra memory grows with the block sizes. With ``causal``, query tiles
     entirely before the key tile's first key are skipped. Conventions as in the module
-    docstring; the variants as in ``naive_attention_backward`` (``dsinks`` fourth with
-    ``sinks``), empty tiles of a window or ``mask_mod`` skipped as in the forward.
+    docstring, ``**variants`` as in ``naive_attention_backward``.
     """
     Br = check_block(block_q, "block_q")
     Bc = check_block(block_k, "block_k")
     q, k, v, o, lse, do, mask, scale, causal, G, var = _prepare_backward(
-        q,
-        k,
-        v,
-        o,
-        lse,
-        do,
-        scale,
-        causal,
-        mask,
-        "tiled_attention_backward",
-        window=window,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        score_mod=score_mod,
-        score_mod_grad=score_mod_grad,
-        mask_mod=mask_mod,
+        q, k, v, o, lse, do, scale, causal, mask, "tiled_attention_backward", variants
     )
     Nq, Nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch, kv_batch, acc = q.shape[:-2], k.shape[:-2], scale.dtype
@@ -254,8 +186,7 @@ def tiled_attention_backward(
             dVj += np.swapaxes(P, -1, -2) @ dOi  # (..., Hkv, Bc, dv), over the group's heads
             dP = dOi @ np.swapaxes(Vj, -1, -2)  # (..., Hkv, G * Br, Bc)
             dS = P * (dP - Di)  # (..., Hkv, G * Br, Bc)
-            if dS_ds is not None:
-                dS = dS * dS_ds  # the chain rule back through softcap and score_mod
+            dS = dS if dS_ds is None else dS * dS_ds  # the chain rule: softcap, score_mod
             dQi = dQ[..., rows.start : rows.stop, :]  # (..., Hq, Br, d), a view
             dQi += (scale * (dS @ Kj)).reshape(dQi.shape)  # (..., Hkv, G * Br, d) to its heads
             dKj += np.swapaxes(dS, -1, -2) @ Qi  # (..., Hkv, Bc, d); Qi carries the scale

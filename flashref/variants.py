@@ -51,6 +51,9 @@ from .state import SoftmaxState
 
 __all__ = ["EMPTY", "FULL", "PARTIAL", "Variants", "block_mask"]
 
+NAMES = ("window", "softcap", "alibi_slopes", "sinks", "score_mod", "mask_mod")  # keywords
+BACKWARD_NAMES = NAMES + ("score_mod_grad",)  # the backward's take the derivative too
+
 EMPTY, PARTIAL, FULL = 0, 1, 2  # the kinds of a (query tile, key tile) in a block mask
 
 
@@ -135,27 +138,21 @@ class Variants:
             self.b = flat.reshape(outer + (1, 1, 1))  # (..., 1, 1, 1), 0 for 3-D inputs
 
     @classmethod
-    def of(
-        cls,
-        q,
-        k,
-        G,
-        dtype,
-        causal,
-        where,
-        *,
-        window=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        score_mod=None,
-        score_mod_grad=None,
-        mask_mod=None,
-        backward=False,
-    ):
-        """Check every variant argument of a call with inputs ``q``, ``k`` (already checked),
-        accumulating in ``dtype``; ``where`` names the function in errors. ``backward`` needs
-        ``score_mod_grad`` wherever there is a ``score_mod``."""
+    def of(cls, q, k, G, dtype, causal, where, variants: dict, backward: bool = False):
+        """Check every variant keyword of a call (``variants``, the function's ``**variants``)
+        with inputs ``q``, ``k`` (already checked), accumulating in ``dtype``; ``where`` names
+        the function in errors. ``backward`` takes ``score_mod_grad`` too, and needs it
+        wherever there is a ``score_mod``."""
+        names = BACKWARD_NAMES if backward else NAMES
+        unknown = sorted(set(variants) - set(names))
+        if unknown:
+            raise TypeError(
+                f"{where}() got an unexpected keyword argument {unknown[0]!r}; its variants "
+                f"are {', '.join(names)}"
+            )
+        window, softcap, alibi_slopes, sinks, score_mod, mask_mod, score_mod_grad = (
+            variants.get(name) for name in BACKWARD_NAMES
+        )
         kind = check_causal(causal)
         Nq, Nk = q.shape[-2], k.shape[-2]
         heads = q.shape[-3:-2]  # (Hq,), or () for 2-D inputs
@@ -390,6 +387,12 @@ def block_mask(Nq, Nk, block_q, block_k, *, causal=False, window=None, mask_mod=
     q = np.empty((heads, Nq, 0))
     k = np.empty((heads, Nk, 0))
     v = Variants.of(
-        q, k, 1, np.dtype(np.float64), causal, "block_mask", window=window, mask_mod=mask_mod
+        q,
+        k,
+        1,
+        np.dtype(np.float64),
+        causal,
+        "block_mask",
+        {"window": window, "mask_mod": mask_mod},
     )
     return v.block_mask(block_q, block_k)

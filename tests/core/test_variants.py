@@ -350,3 +350,15 @@ def test_the_result_does_not_depend_on_the_tiles(Br, Bc):
     np.testing.assert_allclose(
         tiled_attention(q, k, v, block_q=Br, block_k=Bc, **kw), want, rtol=0, atol=1e-12
     )
+
+
+def test_a_misspelt_variant_is_named_with_the_right_ones():
+    q, k, v = _inputs()
+    with pytest.raises(
+        TypeError,
+        match=r"tiled_attention\(\) got an unexpected keyword argument "
+        r"'windw'; its variants are window, softcap",
+    ):
+        tiled_attention(q, k, v, windw=(3, 0))
+    with pytest.raises(TypeError, match=r"naive_attention\(\) .* 'score_mod_grad'"):
+        naive_attention(q, k, v, score_mod=bias, score_mod_grad=bias_grad)

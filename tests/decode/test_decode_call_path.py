@@ -34,9 +34,7 @@ def test_the_block_table_passes_through_few_modules(cp, where):
     if where == "device":
         table, lengths = cp.asarray(table), cp.asarray(lengths)
     paged_decode_attention(q, kp, vp, table, lengths)  # planned: the signature's first call
-    stays, launched = module_stays(
-        lambda: paged_decode_attention(q, kp, vp, table, lengths), [table]
-    )
+    stays, launched = module_stays(lambda: paged_decode_attention(q, kp, vp, table, lengths), table)
     assert launched, f"{where} table: the path reached no launch: {stays}"
     assert len(stays) <= MOST, f"{where} table: {len(stays)} stays: {' -> '.join(stays)}"
     cp.cuda.get_current_stream().synchronize()
