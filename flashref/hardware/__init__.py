@@ -15,6 +15,8 @@
   (it draws them too); ``staging_stores`` the bank wavefronts of versions 16 to 19's dQ
   staging stores;
 * ``occupancy``: how many warps of a kernel an SM holds, from its registers and shared memory;
+* ``exp2``: ``2^x`` on the FMA units (range reduction, a polynomial, an integer add to the
+  exponent's bits), the software exponential FlashAttention-4 issues beside the SFU's ``ex2``;
 * ``decode_figures``: chapter 10's pictures of a decode step.
 
 They run on any machine, import NumPy and ``flashref._checks`` alone (matplotlib inside the
