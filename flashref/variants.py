@@ -297,10 +297,9 @@ class Variants:
             return None
         return self.Nk - self.Nq if self.causal == "bottom_right" else 0
 
-    def tile_kind(self, rows: range, cols: range, mask=None) -> int:
-        """``EMPTY``, ``PARTIAL`` or ``FULL``: what ``causal``, ``mask`` (a boolean array
-        (..., Nq, Nk), or None), the window and ``mask_mod`` leave of this (query tile, key
-        tile), over every batch and head."""
+    def tile_kind(self, rows: range, cols: range) -> int:
+        """``EMPTY``, ``PARTIAL`` or ``FULL``: what ``causal``, the window and ``mask_mod`` leave
+        of this (query tile, key tile), over every batch and head."""
         j0, j1 = cols.start, cols.stop - 1
         shift = self._causal_shift()
         if shift is not None and j0 > rows.stop - 1 + shift:
@@ -312,9 +311,6 @@ class Variants:
         allowed = None
         if shift is not None and j1 > rows.start + shift:  # the tile straddles the edge
             allowed = np.arange(j0, j1 + 1) <= np.arange(rows.start, rows.stop)[:, None] + shift
-        if mask is not None:
-            tile = mask[..., rows.start : rows.stop, cols.start : cols.stop]
-            allowed = tile if allowed is None else allowed & tile
         own = self._own_mask(rows, cols)
         if own is not None:
             allowed = own if allowed is None else allowed & own
@@ -329,14 +325,14 @@ class Variants:
             return False
         return self.tile_kind(rows, cols) == EMPTY
 
-    def block_mask(self, block_q: int, block_k: int, mask=None) -> np.ndarray:
+    def block_mask(self, block_q: int, block_k: int) -> np.ndarray:
         """The kind of every (query tile, key tile), (Tr, Tc): ``tile_kind`` for each."""
         rows = [range(r, min(r + block_q, self.Nq)) for r in range(0, self.Nq, block_q)]
         cols = [range(c, min(c + block_k, self.Nk)) for c in range(0, self.Nk, block_k)]
         kinds = np.empty((len(rows), len(cols)), dtype=np.int8)
         for a, r in enumerate(rows):
             for c_, c in enumerate(cols):
-                kinds[a, c_] = self.tile_kind(r, c, mask)
+                kinds[a, c_] = self.tile_kind(r, c)
         return kinds
 
     # -- the sink ------------------------------------------------------------------------
